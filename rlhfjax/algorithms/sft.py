@@ -1,0 +1,137 @@
+"""Supervised fine-tuning (the SFT baseline): maximise log p(reference | prompt).
+
+The loss is the mean negative log-likelihood over summary tokens only (eos included, padding and
+prompt excluded). One jitted pure step; the loop around it logs, validates, checkpoints and resumes.
+At the end the policy summarises the test split and is compared with the reference and the
+extractive baselines on gold reward and ROUGE-L.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhfjax.data import pipeline
+from rlhfjax.evaluation import summaries
+from rlhfjax.models import generate
+from rlhfjax.models import sampling
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import loop
+from rlhfjax.training import metrics as metrics_lib
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+
+def response_nll(params, batch: pipeline.Batch, cfg: ModelConfig,
+                 dropout_rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Summed negative log-likelihood of the response tokens, and their count."""
+  tokens = jnp.concatenate([batch["prompt"], batch["response"]], axis=1)
+  mask = jnp.concatenate([batch["prompt_mask"], batch["response_mask"]], axis=1)
+  hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
+  prompt_len = batch["prompt"].shape[1]
+  # Position t predicts token t+1: the last prompt column predicts the first response token.
+  logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["response"][..., None], -1)[..., 0]
+  m = batch["response_mask"].astype(jnp.float32)
+  return -(logp * m).sum(), m.sum()
+
+
+def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg: ModelConfig,
+               tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One AdamW step on the mean response-token NLL of `batch`."""
+
+  def loss_fn(params):
+    nll, n = response_nll(params, batch, cfg, rng if cfg.dropout > 0 else None)
+    return nll / jnp.maximum(n, 1.0)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  state = state.apply_gradients(grads, tx)
+  return state, {"train/loss": loss, "train/grad_norm": optax.global_norm(grads)}
+
+
+def train(exp: experiment.Experiment) -> TrainState:
+  """Trains (or resumes) SFT in `<workdir>/sft` and returns the final state."""
+  config, c = exp.config, exp.config.sft
+  plen, rlen = config.format.prompt_len, config.format.response_len
+  data = pipeline.encode_sft(exp.tokenizer, exp.splits["sft"], plen, rlen)
+  val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"][:c.eval_batches * c.batch_size],
+                            plen, rlen)
+  n_train = len(exp.splits["sft"])
+  tx = optimizer.adamw(c, c.steps)
+  init_key, train_key = jax.random.split(jax.random.key(config.seed))
+  state = TrainState.create(transformer.init(init_key, exp.model), tx)
+  step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
+  nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
+
+  def validate(params) -> float:
+    sums = [nll_fn(params, b) for b, _ in pipeline.fixed_batches(val, c.batch_size)]
+    return float(sum(s for s, _ in sums) / sum(n for _, n in sums))
+
+  task_dir = exp.task_dir("sft")
+  ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
+                                 config.checkpoint.keep)
+  writer = metrics_lib.MetricWriter(task_dir, "metrics")
+  state = loop.restore_if_any(ckpt, state)
+  tokens_per_step = c.batch_size * (plen + rlen)
+
+  def one_step(state, step):
+    batch = pipeline.take(data, pipeline.batch_indices(n_train, c.batch_size, config.seed, step))
+    return step_fn(state, batch, jax.random.fold_in(train_key, step))
+
+  def periodic(state, done, m) -> dict[str, float]:
+    out = {}
+    if done % c.log_every == 0 or done == c.steps:
+      out.update({k: float(v) for k, v in m.items()})
+    if done % c.eval_every == 0 or done == c.steps:
+      out["val/loss"] = validate(state.params)
+      metrics_lib.info(f"step {done}: train loss {float(m['train/loss']):.3f}  "
+                       f"val loss {out['val/loss']:.3f}")
+    return out
+
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, "sft")
+  writer.close()
+  ckpt.close()
+  return state
+
+
+def evaluate(exp: experiment.Experiment, params: Any) -> dict[str, Any]:
+  """Summarises the test split and reports gold reward and ROUGE-L beside the baselines."""
+  e, rlen = exp.config.eval, exp.config.format.response_len
+  if e.num_examples <= 0:
+    return {}
+  examples = exp.splits["test"][:e.num_examples]
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
+  scfg = sampling.SamplingConfig(max_new_tokens=rlen, temperature=e.temperature, top_k=e.top_k,
+                                 top_p=e.top_p, eos_id=exp.tokenizer.eos_id,
+                                 pad_id=exp.tokenizer.pad_id)
+  out = generate.generate(params, exp.model, scfg, prompts,
+                          jax.random.key(exp.config.seed + 1), e.batch_size)
+  texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
+  rows = summaries.summary_table(examples, {"sft": texts, **summaries.baseline_summaries(examples)})
+  table = summaries.format_table(rows)
+  for ex, text in list(zip(examples, texts))[:e.show]:
+    metrics_lib.info(f"\nPOST: {ex.post}\nSFT SAMPLE: {text}\nREFERENCE: {ex.reference}")
+  metrics_lib.info(f"\nGold reward on {len(examples)} test posts "
+                   f"(sampling temperature {e.temperature}):\n{table}")
+  ended = np.any(out["response"] == exp.tokenizer.eos_id, axis=1)
+  report = {"rows": rows, "ended_with_eos": float(ended.mean()),
+            "samples": [{"id": ex.id, "sample": t, "reference": ex.reference}
+                        for ex, t in zip(examples, texts)]}
+  task_dir = exp.task_dir("sft")
+  experiment.write_json(f"{task_dir}/eval.json", report)
+  experiment.write_text(f"{task_dir}/eval.md", table + "\n")
+  return report
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+  exp = experiment.prepare(config, workdir)
+  state = train(exp)
+  return evaluate(exp, state.params)

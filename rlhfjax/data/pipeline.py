@@ -1,0 +1,79 @@
+"""From examples to fixed-shape token arrays and resumable batches.
+
+Layout shared by every algorithm: prompts left-padded to `prompt_len` (so all prompts end at the same
+column and generation appends at `prompt_len`), responses right-padded to `response_len` and ended by
+eos. Batch `step` is a pure function of (seed, step), so a resumed run sees exactly the batches an
+uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from rlhfjax.data import formats
+from rlhfjax.data import tokenizer as tokenizer_lib
+from rlhfjax.data import world
+from rlhfjax.errors import ConfigError
+
+Batch = dict[str, np.ndarray]
+
+
+def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[world.Example]]:
+  """The data splits named by the `data` config block."""
+  if cfg["source"] != "sim_tldr":
+    raise ConfigError(f"data.source: unknown source {cfg['source']!r} (available: 'sim_tldr')")
+  sizes = {k: int(cfg[k]) for k in ("sft", "pref", "unlabeled", "validation", "test")}
+  return world.make_splits(int(cfg["seed"]), sizes)
+
+
+def tokenizer_corpus(examples: Sequence[world.Example]) -> list[str]:
+  """Text a tokenizer is trained on: each example's prompt and reference."""
+  return [formats.TLDR_FORMAT.format(subreddit=e.subreddit, title=e.title, post=e.post)
+          + " " + e.reference for e in examples]
+
+
+def encode_prompts(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example],
+                   prompt_len: int) -> Batch:
+  ids = [formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len) for e in examples]
+  prompt, prompt_mask = formats.pad(ids, prompt_len, tok.pad_id, "left")
+  return {"prompt": prompt, "prompt_mask": prompt_mask}
+
+
+def encode_responses(tok: tokenizer_lib.Tokenizer, texts: Sequence[str],
+                     response_len: int) -> Batch:
+  ids = [formats.response_tokens(tok, t, response_len) for t in texts]
+  response, response_mask = formats.pad(ids, response_len, tok.pad_id, "right")
+  return {"response": response, "response_mask": response_mask}
+
+
+def encode_sft(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example], prompt_len: int,
+               response_len: int) -> Batch:
+  """Prompts with their reference summaries as responses."""
+  return {**encode_prompts(tok, examples, prompt_len),
+          **encode_responses(tok, [e.reference for e in examples], response_len)}
+
+
+def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+  """Example indices of batch `step`: each epoch is a fresh permutation; the remainder is dropped."""
+  per_epoch = num_examples // batch_size
+  if per_epoch == 0:
+    raise ValueError(f"batch size {batch_size} exceeds the {num_examples} examples")
+  epoch, i = divmod(int(step), per_epoch)
+  perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
+  return perm[i * batch_size:(i + 1) * batch_size]
+
+
+def take(data: Batch, idx: np.ndarray) -> Batch:
+  return {k: v[idx] for k, v in data.items()}
+
+
+def fixed_batches(data: Batch, batch_size: int):
+  """Yields (batch, n_real) in order; the last batch is padded by repeating rows so shapes stay fixed."""
+  n = len(next(iter(data.values())))
+  for start in range(0, n, batch_size):
+    idx = np.arange(start, min(start + batch_size, n))
+    n_real = len(idx)
+    idx = np.concatenate([idx, np.full(batch_size - n_real, idx[-1])])
+    yield take(data, idx), n_real

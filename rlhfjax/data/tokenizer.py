@@ -1,0 +1,98 @@
+"""SentencePiece tokenizer: trained in-process on the training text, or loaded from a `.model` file.
+
+Ids are fixed so every model agrees on them: pad 0, eos 1, bos 2, unk 3. Pad is never eos, so a
+response that ends is distinguishable from padding. Normalisation is the identity and whitespace is
+kept, so `decode(encode(text)) == text` for any text (bytes outside the vocabulary fall back to
+byte pieces).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+  """A thin wrapper over SentencePieceProcessor that names the special ids."""
+
+  def __init__(self, model_proto: bytes):
+    self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.model_proto = model_proto
+    self.pad_id = self._sp.pad_id()
+    self.eos_id = self._sp.eos_id()
+    self.bos_id = self._sp.bos_id()
+    if self.pad_id < 0 or self.pad_id == self.eos_id:
+      raise ValueError("tokenizer must define a pad id distinct from eos")
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self._sp.encode(text)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    return self._sp.encode(list(texts))
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Decodes up to the first eos, skipping pad and other special ids."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == self.eos_id:
+        break
+      if i not in (self.pad_id, self.bos_id):
+        out.append(i)
+    return self._sp.decode(out)
+
+  def save(self, path: str) -> None:
+    """Writes the `.model` file atomically."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+      f.write(self.model_proto)
+    os.replace(tmp, path)
+
+
+def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe") -> Tokenizer:
+  """Trains a SentencePiece model on `texts` in memory."""
+  proto = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts),
+      model_writer=proto,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=PAD_ID, eos_id=EOS_ID, bos_id=BOS_ID, unk_id=UNK_ID,
+      normalization_rule_name="identity",
+      remove_extra_whitespaces=False,
+      add_dummy_prefix=False,
+      allow_whitespace_only_pieces=True,
+      byte_fallback=True,
+      character_coverage=1.0,
+      user_defined_symbols=["\n"],
+      max_sentence_length=1 << 16,
+      num_threads=os.cpu_count() or 1,
+      minloglevel=2,
+  )
+  return Tokenizer(proto.getvalue())
+
+
+def load(path: str) -> Tokenizer:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"tokenizer model not found: {path}")
+  with open(path, "rb") as f:
+    return Tokenizer(f.read())
+
+
+def load_or_train(path: str, texts: Iterable[str], vocab_size: int,
+                  model_type: str = "bpe") -> Tokenizer:
+  """Loads `path` if it exists, otherwise trains on `texts` and saves there (so reruns agree)."""
+  if os.path.exists(path):
+    return load(path)
+  tok = train(texts, vocab_size, model_type)
+  tok.save(path)
+  return tok

@@ -1,0 +1,58 @@
+"""Orbax checkpoints: periodic, keep-N, atomic, and resumable.
+
+Orbax writes each step to a temporary directory and renames it when complete, so a run killed
+mid-save leaves the previous checkpoint intact and `latest_step()` ignores the partial one.
+Alongside the train state we store a small JSON `meta` (e.g. reward normalisation, the config).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves `{'state': pytree, 'meta': json}` every `every` steps under `directory`."""
+
+  def __init__(self, directory: str, every: int, keep: int = 2):
+    self.every = every
+    self._mgr = ocp.CheckpointManager(
+        os.path.abspath(directory),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             enable_async_checkpointing=True))
+
+  @property
+  def directory(self) -> str:
+    return str(self._mgr.directory)
+
+  def latest_step(self) -> int | None:
+    return self._mgr.latest_step()
+
+  def should_save(self, step: int) -> bool:
+    return self.every > 0 and step % self.every == 0
+
+  def save(self, step: int, state: Any, meta: dict | None = None) -> None:
+    if step in self._mgr.all_steps():
+      return
+    self._mgr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+
+  def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
+    """Restores the state into `target`'s structure, shapes and shardings; returns (state, meta)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    out = self._mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
+    return out["state"], dict(out["meta"] or {})
+
+  def wait(self) -> None:
+    self._mgr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mgr.wait_until_finished()
+    self._mgr.close()

@@ -1,0 +1,74 @@
+"""What every task starts from: the workdir, the data splits, the tokenizer and the model config.
+
+One workdir holds a whole pipeline: `tokenizer.model` at its root and one sub-directory per task
+(`sft/`, later `rm/`, `ppo/`, ...), so later tasks find earlier checkpoints without extra flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from rlhfjax.data import pipeline
+from rlhfjax.data import tokenizer as tokenizer_lib
+from rlhfjax.data import world
+from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import ModelConfig
+
+
+@dataclasses.dataclass
+class Experiment:
+  config: ml_collections.ConfigDict
+  workdir: str
+  splits: dict[str, list[world.Example]]
+  tokenizer: tokenizer_lib.Tokenizer
+  model: ModelConfig
+
+  def task_dir(self, task: str) -> str:
+    path = os.path.join(self.workdir, task)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
+  """Builds the splits, loads or trains the tokenizer, and checks the model config against it."""
+  os.makedirs(workdir, exist_ok=True)
+  splits = pipeline.load_splits(config.data)
+  tcfg = config.tokenizer
+  if tcfg.path:
+    tok = tokenizer_lib.load(tcfg.path)
+  else:
+    corpus = pipeline.tokenizer_corpus(splits["sft"][:tcfg.train_examples])
+    tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
+                                      tcfg.vocab_size, tcfg.model_type)
+  model = ModelConfig.from_mapping(config.model.to_dict())
+  if model.vocab_size != tok.vocab_size:
+    raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
+                     f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
+  needed = config.format.prompt_len + config.format.response_len
+  if model.variant == "gpt2" and model.max_len < needed:
+    raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "
+                     f"({needed})")
+  if jax.process_index() == 0:
+    write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+  return Experiment(config, workdir, splits, tok, model)
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically (temp file, then rename)."""
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2)
+  os.replace(tmp, path)
+
+
+def write_text(path: str, text: str) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)

@@ -1,0 +1,53 @@
+"""The training loop every algorithm shares: resume, step, log, checkpoint, progress bar.
+
+The algorithm supplies `one_step(state, step) -> (state, metrics)` (which must be a pure function of
+the state and the step number, so a resumed run repeats an uninterrupted one exactly) and
+`periodic(state, done, metrics) -> dict` for the metrics it wants written after step `done`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import tqdm
+
+from rlhfjax.training import checkpoint
+from rlhfjax.training import metrics as metrics_lib
+
+
+def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any) -> Any:
+  """The latest checkpoint restored into `state`'s structure, or `state` if there is none."""
+  if ckpt.latest_step() is None:
+    return state
+  state, _ = ckpt.restore(state)
+  metrics_lib.info(f"resuming from step {int(state.step)} ({ckpt.directory})")
+  return state
+
+
+def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, dict]],
+        periodic: Callable[[Any, int, dict], dict[str, float]], ckpt: checkpoint.Checkpointer,
+        writer: metrics_lib.MetricWriter, tokens_per_step: int, name: str,
+        meta: dict | None = None) -> Any:
+  """Runs steps `state.step .. total_steps - 1`; saves every `ckpt.every` steps and at the end."""
+  start = int(state.step)
+  t0 = time.perf_counter()
+  with tqdm.tqdm(total=total_steps, initial=start, desc=name, unit="step", dynamic_ncols=True,
+                 disable=jax.process_index() != 0) as bar:
+    for step in range(start, total_steps):
+      state, m = one_step(state, step)
+      done = step + 1
+      out = periodic(state, done, m)
+      if out:
+        if "train/loss" in out:
+          bar.set_postfix(loss=f"{out['train/loss']:.3f}")
+        rate = (done - start) / (time.perf_counter() - t0)
+        out["perf/steps_per_s"] = rate
+        out["perf/tokens_per_s"] = rate * tokens_per_step
+        writer.write(done, out)
+      if ckpt.should_save(done) or done == total_steps:
+        ckpt.save(done, state, meta)
+      bar.update()
+  ckpt.wait()
+  return state

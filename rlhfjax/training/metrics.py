@@ -1,0 +1,67 @@
+"""Metric writers: JSONL (one line per step, appended) and TensorBoard event files (tensorboardX).
+
+Only process 0 writes, so multi-host runs do not produce duplicate logs. A resumed run appends; a
+step logged twice (after the last checkpoint, before a kill) appears twice in the JSONL, and readers
+keep the last line for a step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import tqdm
+
+
+def _scalar(v: Any) -> float:
+  return float(np.asarray(v))
+
+
+class MetricWriter:
+  """Writes scalar metrics to `<workdir>/<name>.jsonl` and `<workdir>/tb/<name>/`."""
+
+  def __init__(self, workdir: str, name: str):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, f"{name}.jsonl")
+    if self.enabled:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      os.makedirs(workdir, exist_ok=True)
+      self._jsonl = open(self.path, "a", encoding="utf-8")
+      self._tb = SummaryWriter(os.path.join(workdir, "tb", name))
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if not self.enabled:
+      return
+    scalars = {k: _scalar(v) for k, v in metrics.items()}
+    self._jsonl.write(json.dumps({"step": int(step), **scalars}) + "\n")
+    self._jsonl.flush()
+    for k, v in scalars.items():
+      self._tb.add_scalar(k, v, int(step))
+
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    if self.enabled:
+      self._tb.add_text(tag, text, int(step))
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      self._tb.close()
+
+
+def read_jsonl(path: str) -> dict[int, dict[str, float]]:
+  """Reads a metrics JSONL file into {step: metrics}, the last line for a step winning."""
+  out: dict[int, dict[str, float]] = {}
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      row = json.loads(line)
+      out[int(row.pop("step"))] = row
+  return out
+
+
+def info(message: str) -> None:
+  """Prints on process 0 only, without breaking an active progress bar."""
+  if jax.process_index() == 0:
+    tqdm.tqdm.write(message)

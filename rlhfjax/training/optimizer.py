@@ -1,0 +1,47 @@
+"""Optimizers and learning-rate schedules built from a config block (optax)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import optax
+
+from rlhfjax.errors import ConfigError
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def learning_rate_schedule(cfg: Mapping[str, Any], total_steps: int) -> optax.Schedule:
+  """Linear warm-up over `warmup_steps`, then cosine or linear decay to `lr * end_lr_frac`.
+
+  Keys: lr, warmup_steps, schedule ('cosine' | 'linear' | 'constant'), end_lr_frac.
+  """
+  lr, warmup = float(cfg["lr"]), int(cfg["warmup_steps"])
+  kind = cfg["schedule"]
+  if kind not in SCHEDULES:
+    raise ConfigError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
+  end = lr * float(cfg["end_lr_frac"])
+  decay_steps = max(total_steps - warmup, 1)
+  if kind == "cosine":
+    decay = optax.cosine_decay_schedule(lr, decay_steps, alpha=float(cfg["end_lr_frac"]))
+  elif kind == "linear":
+    decay = optax.linear_schedule(lr, end, decay_steps)
+  else:
+    decay = optax.constant_schedule(lr)
+  if warmup == 0:
+    return decay
+  return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
+
+
+def adamw(cfg: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
+  """Global-norm gradient clipping (if `grad_clip` > 0) then AdamW on the schedule above.
+
+  Keys: those of `learning_rate_schedule`, plus b1, b2, eps, weight_decay, grad_clip.
+  """
+  schedule = learning_rate_schedule(cfg, total_steps)
+  parts = []
+  if float(cfg["grad_clip"]) > 0:
+    parts.append(optax.clip_by_global_norm(float(cfg["grad_clip"])))
+  parts.append(optax.adamw(schedule, b1=float(cfg["b1"]), b2=float(cfg["b2"]), eps=float(cfg["eps"]),
+                           weight_decay=float(cfg["weight_decay"])))
+  return optax.chain(*parts)

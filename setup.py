@@ -1,0 +1,29 @@
+"""rlhfjax: learning from pairwise human feedback in JAX."""
+
+import setuptools
+
+setuptools.setup(
+    name="rlhfjax",
+    version="0.1.0",
+    description="A JAX framework for learning from pairwise human feedback (SFT, reward models, PPO, ...).",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["rlhfjax", "rlhfjax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.5",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "ml-collections>=1.0",
+        "sentencepiece>=0.2",
+        "numpy>=1.26",
+        "rouge-score>=0.1.2",
+        "tensorboardX>=2.6",
+        "tqdm>=4.66",
+        "absl-py>=2.0",
+    ],
+    extras_require={
+        "test": ["pytest>=8"],
+    },
+)

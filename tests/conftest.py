@@ -1,0 +1,20 @@
+"""Shared test helpers: the tiny quickstart config."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name: str = "tldr_sim", arg: str | None = "tiny"):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.fixture
+def tiny_config():
+  return load_config()

@@ -1,0 +1,94 @@
+"""SFT: the loss sees only summary tokens, it falls, and a killed run resumes to the same parameters."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+
+from conftest import ROOT
+from rlhfjax.algorithms import sft
+from rlhfjax.data import pipeline
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics
+
+
+def test_response_nll_counts_summary_tokens_only():
+  cfg = ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
+                    max_len=16)
+  params = transformer.init(jax.random.key(0), cfg)
+  batch = {"prompt": np.array([[0, 0, 5, 6], [7, 8, 9, 10]], np.int32),
+           "prompt_mask": np.array([[0, 0, 1, 1], [1, 1, 1, 1]], bool),
+           "response": np.array([[11, 1, 0], [12, 13, 1]], np.int32),
+           "response_mask": np.array([[1, 1, 0], [1, 1, 1]], bool)}
+  nll, n = sft.response_nll(params, batch, cfg)
+  assert int(n) == 5
+  # By hand: log-softmax of the full forward at the positions that predict response tokens.
+  tokens = np.concatenate([batch["prompt"], batch["response"]], 1)
+  mask = np.concatenate([batch["prompt_mask"], batch["response_mask"]], 1)
+  hidden, _ = transformer.forward(params, tokens, cfg, mask=mask)
+  logp = np.asarray(jax.nn.log_softmax(transformer.lm_logits(params, hidden, cfg)))
+  expected = -sum(logp[b, t - 1, tokens[b, t]] for b in range(2) for t in range(4, 7) if mask[b, t])
+  np.testing.assert_allclose(float(nll), expected, rtol=1e-5)
+  # Padding (before the prompt, after eos) carries no loss.
+  changed = dict(batch, prompt=batch["prompt"].copy(), response=batch["response"].copy())
+  changed["prompt"][0, :2] = 3
+  changed["response"][0, 2] = 4
+  np.testing.assert_allclose(float(sft.response_nll(params, changed, cfg)[0]), float(nll), rtol=1e-6)
+
+
+def test_sft_loss_falls(tmp_path, tiny_config):
+  tiny_config.sft.update(steps=40, lr=3e-3, eval_every=40)
+  exp = experiment.prepare(tiny_config, str(tmp_path))
+  val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"], 128, 32)
+  init_params = transformer.init(jax.random.split(jax.random.key(tiny_config.seed))[0], exp.model)
+  before = sft.response_nll(init_params, val, exp.model)
+  state = sft.train(exp)
+  after = sft.response_nll(state.params, val, exp.model)
+  assert float(after[0] / after[1]) < 0.7 * float(before[0] / before[1])
+  logged = metrics.read_jsonl(str(tmp_path / "sft" / "metrics.jsonl"))
+  assert logged[40]["val/loss"] < logged[2]["train/loss"]
+
+
+_KILL_AT_STEP_8 = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from conftest import load_config
+from rlhfjax.training import checkpoint
+from rlhfjax import main
+orig = checkpoint.Checkpointer.should_save
+def should_save(self, step):
+  if step == 8:
+    os.kill(os.getpid(), signal.SIGKILL)
+  return orig(self, step)
+checkpoint.Checkpointer.should_save = should_save
+config = load_config()
+config.sft.update(steps=12)
+config.checkpoint.update(every=3)
+main.run(config, {workdir!r})
+"""
+
+
+def test_kill_and_resume_equals_uninterrupted(tmp_path, tiny_config):
+  tiny_config.sft.update(steps=12)
+  tiny_config.checkpoint.update(every=3)
+  tiny_config.eval.update(num_examples=0)
+  straight = sft.train(experiment.prepare(tiny_config, str(tmp_path / "a")))
+
+  workdir = str(tmp_path / "b")
+  code = _KILL_AT_STEP_8.format(tests=os.path.join(ROOT, "tests"), workdir=workdir)
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
+  killed_at = checkpoint.Checkpointer(f"{workdir}/sft/checkpoints", 3).latest_step()
+  assert killed_at is not None and killed_at < 12
+
+  resumed = sft.train(experiment.prepare(tiny_config, workdir))
+  assert int(resumed.step) == int(straight.step) == 12
+  for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
