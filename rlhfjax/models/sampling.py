@@ -1,0 +1,96 @@
+"""The fixed-shape, jitted KV-cache sampler: the engine of every rollout.
+
+One prefill forward writes the (left-padded) prompt into a cache of `prompt_len + max_new_tokens`
+slots; then `lax.scan` decodes one token per step. Shapes never depend on the data, so one compile
+serves every batch, and `sample` is jitted at module level with the configs static, so compiles are
+cached across calls.
+
+Log-probs are those of the sampled token under `log_softmax(logits / temperature)` *before* top-k /
+top-p truncation: exactly what a later forward pass at the same temperature recomputes (as PPO does),
+so the two agree. Greedy decoding (temperature 0) reports log-probs at temperature 1. After the first
+eos every token is `pad_id` with log-prob 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+
+_NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  max_new_tokens: int
+  eos_id: int
+  pad_id: int
+  temperature: float = 1.0  # 0.0 means greedy.
+  top_k: int = 0  # 0 means no top-k truncation.
+  top_p: float = 1.0  # 1.0 means no nucleus truncation.
+
+
+class SampleOutput(NamedTuple):
+  tokens: jax.Array  # [B, T] int32, pad after the first eos.
+  logprobs: jax.Array  # [B, T] float32, 0 after the first eos.
+  lengths: jax.Array  # [B] int32, tokens up to and including the first eos.
+
+
+def truncate(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf (the top token survives)."""
+  if top_k > 0:
+    kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
+    logits = jnp.where(logits < kth, _NEG_INF, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, -1)[..., ::-1]
+    probs = jax.nn.softmax(sorted_logits, -1)
+    mass_before = jnp.cumsum(probs, -1) - probs
+    cutoff = jnp.min(jnp.where(mass_before < top_p, sorted_logits, jnp.inf), -1, keepdims=True)
+    logits = jnp.where(logits < cutoff, _NEG_INF, logits)
+  return logits
+
+
+def _choose(logits: jax.Array, rng: jax.Array, scfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """Next token and its log-prob from [B,V] logits."""
+  if scfg.temperature == 0.0:
+    token = jnp.argmax(logits, -1)
+    logp = jax.nn.log_softmax(logits)
+  else:
+    scaled = logits / scfg.temperature
+    logp = jax.nn.log_softmax(scaled)
+    token = jax.random.categorical(rng, truncate(scaled, scfg.top_k, scfg.top_p))
+  return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "scfg"))
+def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
+           cfg: ModelConfig, scfg: SamplingConfig) -> SampleOutput:
+  """Samples `scfg.max_new_tokens` tokens after left-padded prompts [B,P]."""
+  batch, plen = prompt_tokens.shape
+  cache = transformer.init_cache(cfg, batch, plen + scfg.max_new_tokens)
+  hidden, cache = transformer.forward(params, prompt_tokens, cfg, mask=prompt_mask, cache=cache,
+                                      cache_index=0)
+  logits = transformer.lm_logits(params, hidden[:, -1], cfg)
+  first_position = prompt_mask.astype(jnp.int32).sum(-1)
+
+  def step(carry, i):
+    cache, logits, done = carry
+    token, logp = _choose(logits, jax.random.fold_in(rng, i), scfg)
+    emitted = ~done
+    token = jnp.where(emitted, token, scfg.pad_id)
+    logp = jnp.where(emitted, logp, 0.0)
+    done = done | (token == scfg.eos_id)
+    hidden, cache = transformer.forward(params, token[:, None], cfg, mask=emitted[:, None],
+                                        positions=(first_position + i)[:, None], cache=cache,
+                                        cache_index=plen + i)
+    return (cache, transformer.lm_logits(params, hidden[:, 0], cfg), done), (token, logp, emitted)
+
+  init = (cache, logits, jnp.zeros((batch,), bool))
+  _, (tokens, logps, emitted) = jax.lax.scan(step, init, jnp.arange(scfg.max_new_tokens))
+  return SampleOutput(tokens.T, logps.T, emitted.sum(0).astype(jnp.int32))

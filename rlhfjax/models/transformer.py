@@ -1,0 +1,271 @@
+"""A decoder-only transformer as pure functions over an explicit parameter pytree.
+
+`init(rng, cfg) -> params`, `forward(params, tokens, cfg, ...) -> (hidden, cache)`,
+`lm_logits(params, hidden, cfg) -> logits`. Layers are stacked on a leading `layers` axis and run
+with `lax.scan`, so compile time does not grow with depth. `param_axes(cfg)` names every parameter
+dimension with a logical axis (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`);
+sharding rules map those names to mesh axes.
+
+Variants: `gpt2` (learned positions, LayerNorm, GELU, biases) and `llama` (RoPE in the rotate-half
+form, RMSNorm, SwiGLU, grouped-query attention, no biases), the latter laid out like Hugging Face's
+LLaMA so real checkpoints load unchanged.
+
+Padding: `mask` marks real tokens. A query attends to keys at the same or an earlier array index that
+are real; positions count real tokens only, so a left-padded prompt starts at position 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rlhfjax.models.config import ModelConfig
+
+Params = dict[str, Any]
+Cache = dict[str, jax.Array]
+
+_NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
+
+
+def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
+  """Shape and logical axes of every per-layer parameter, without the leading layer axis."""
+  d, h, kv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head, cfg.d_ff
+  out = {
+      "attn_norm/scale": ((d,), ("embed",)),
+      "attn/q": ((d, h, dh), ("embed", "heads", "head_dim")),
+      "attn/k": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+      "attn/v": ((d, kv, dh), ("embed", "kv_heads", "head_dim")),
+      "attn/o": ((h, dh, d), ("heads", "head_dim", "embed")),
+      "mlp_norm/scale": ((d,), ("embed",)),
+      "mlp/wi": ((d, f), ("embed", "mlp")),
+      "mlp/wo": ((f, d), ("mlp", "embed")),
+  }
+  if cfg.variant == "gpt2":
+    out.update({
+        "attn_norm/bias": ((d,), ("embed",)),
+        "attn/q_bias": ((h, dh), ("heads", "head_dim")),
+        "attn/k_bias": ((kv, dh), ("kv_heads", "head_dim")),
+        "attn/v_bias": ((kv, dh), ("kv_heads", "head_dim")),
+        "attn/o_bias": ((d,), ("embed",)),
+        "mlp_norm/bias": ((d,), ("embed",)),
+        "mlp/bi": ((f,), ("mlp",)),
+        "mlp/bo": ((d,), ("embed",)),
+    })
+  else:
+    out["mlp/wg"] = ((d, f), ("embed", "mlp"))
+  return out
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+  out: dict[str, Any] = {}
+  for path, v in flat.items():
+    group, name = path.split("/")
+    out.setdefault(group, {})[name] = v
+  return out
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+  """The logical axis names of every parameter, in the structure of `init`'s output."""
+  axes: Params = {"embed": {"embedding": ("vocab", "embed")},
+                  "layers": _nest({k: ("layers",) + a for k, (_, a) in _dims(cfg).items()}),
+                  "final_norm": {"scale": ("embed",)}}
+  if cfg.variant == "gpt2":
+    axes["pos_embed"] = {"embedding": (None, "embed")}
+    axes["final_norm"]["bias"] = ("embed",)
+  if not cfg.tie_embeddings:
+    axes["lm_head"] = {"kernel": ("embed", "vocab")}
+  return axes
+
+
+def init(rng: jax.Array, cfg: ModelConfig) -> Params:
+  """Normal(0.02) weights; residual output projections scaled by 1/sqrt(2 L); norms 1, biases 0."""
+  dtype = jnp.dtype(cfg.param_dtype)
+  dims = _dims(cfg)
+  keys = dict(zip(dims, jax.random.split(rng, len(dims))))
+  resid = 0.02 / math.sqrt(2 * cfg.n_layers)
+  layers = {}
+  for path, (shape, _) in dims.items():
+    full = (cfg.n_layers,) + shape
+    name = path.split("/")[1]
+    if name == "scale":
+      layers[path] = jnp.ones(full, dtype)
+    elif "bias" in name or name in ("bi", "bo"):
+      layers[path] = jnp.zeros(full, dtype)
+    else:
+      std = resid if name in ("o", "wo") else 0.02
+      layers[path] = (std * jax.random.normal(keys[path], full)).astype(dtype)
+  k_emb, k_pos, k_head = jax.random.split(jax.random.fold_in(rng, 1), 3)
+  params: Params = {
+      "embed": {"embedding": (0.02 * jax.random.normal(k_emb, (cfg.vocab_size, cfg.d_model))
+                              ).astype(dtype)},
+      "layers": _nest(layers),
+      "final_norm": {"scale": jnp.ones((cfg.d_model,), dtype)},
+  }
+  if cfg.variant == "gpt2":
+    params["pos_embed"] = {"embedding": (0.01 * jax.random.normal(k_pos, (cfg.max_len, cfg.d_model))
+                                         ).astype(dtype)}
+    params["final_norm"]["bias"] = jnp.zeros((cfg.d_model,), dtype)
+  if not cfg.tie_embeddings:
+    params["lm_head"] = {"kernel": (0.02 * jax.random.normal(k_head, (cfg.d_model, cfg.vocab_size))
+                                    ).astype(dtype)}
+  return params
+
+
+def _norm(x: jax.Array, p: Params, cfg: ModelConfig) -> jax.Array:
+  """LayerNorm (gpt2) or RMSNorm (llama), computed in float32."""
+  x32 = x.astype(jnp.float32)
+  if cfg.variant == "gpt2":
+    x32 = x32 - x32.mean(-1, keepdims=True)
+  y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + cfg.norm_eps)
+  y = y * p["scale"].astype(jnp.float32)
+  if "bias" in p:
+    y = y + p["bias"].astype(jnp.float32)
+  return y.astype(x.dtype)
+
+
+def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, rotate-half form: dims i and i + Dh/2 form a pair. x: [B,T,H,Dh]."""
+  half = x.shape[-1] // 2
+  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle = positions[..., None].astype(jnp.float32) * freq  # [B,T,half]
+  cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
+  if rng is None or rate <= 0:
+    return x
+  keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def _attention(p: Params, x: jax.Array, positions: jax.Array, allowed: jax.Array, cfg: ModelConfig,
+               kv_cache: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array,
+               rng: jax.Array | None):
+  """Multi-head attention with grouped k/v heads; with a cache, k/v are written at `cache_index`."""
+  dt = x.dtype
+  q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt))
+  k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt))
+  v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dt))
+  if cfg.variant == "gpt2":
+    q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
+  else:
+    q, k = _rope(q, positions, cfg.rope_theta), _rope(k, positions, cfg.rope_theta)
+  if kv_cache is not None:
+    ck, cv = kv_cache
+    k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
+    v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
+    kv_cache = (k, v)
+  b, t, h, dh = q.shape
+  groups = h // cfg.n_kv_heads
+  q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)  # q head i uses kv head i // groups.
+  scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
+  scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+  probs = _dropout(jax.nn.softmax(scores, -1), cfg.dropout, rng).astype(dt)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, h, dh)
+  out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt))
+  if cfg.variant == "gpt2":
+    out = out + p["o_bias"].astype(dt)
+  return out, kv_cache
+
+
+def _mlp(p: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+  dt = x.dtype
+  if cfg.variant == "gpt2":
+    hid = jax.nn.gelu(x @ p["wi"].astype(dt) + p["bi"].astype(dt), approximate=True)
+    return hid @ p["wo"].astype(dt) + p["bo"].astype(dt)
+  hid = jax.nn.silu(x @ p["wg"].astype(dt)) * (x @ p["wi"].astype(dt))
+  return hid @ p["wo"].astype(dt)
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+  """Position of each token among the real ones: left padding does not shift a prompt."""
+  return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), -1) - 1, 0)
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
+  """An empty KV cache for `length` tokens."""
+  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.dim_per_head)
+  dt = jnp.dtype(cfg.dtype)
+  return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
+          "mask": jnp.zeros((batch, length), bool)}
+
+
+def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Array | None = None,
+            positions: jax.Array | None = None, cache: Cache | None = None,
+            cache_index: int | jax.Array = 0,
+            dropout_rng: jax.Array | None = None) -> tuple[jax.Array, Cache | None]:
+  """Final hidden states [B,T,D] of `tokens`, and the updated cache if one was given.
+
+  With a cache, the tokens occupy cache slots `cache_index .. cache_index + T - 1` and attend to
+  every earlier real slot; `positions` must then be given (or derive from the cache's mask).
+  """
+  b, t = tokens.shape
+  mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
+  cache_index = jnp.asarray(cache_index, jnp.int32)
+  if cache is not None:
+    key_mask = jax.lax.dynamic_update_slice(cache["mask"], mask, (0, cache_index))
+    if positions is None:
+      positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), cache_index, t, 1)
+    q_idx = cache_index + jnp.arange(t)
+    k_idx = jnp.arange(key_mask.shape[1])
+  else:
+    key_mask = mask
+    if positions is None:
+      positions = positions_from_mask(mask)
+    q_idx = k_idx = jnp.arange(t)
+  allowed = (k_idx[None, :] <= q_idx[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+
+  dt = jnp.dtype(cfg.dtype)
+  x = params["embed"]["embedding"].astype(dt)[tokens]
+  if cfg.variant == "gpt2":
+    x = x + params["pos_embed"]["embedding"].astype(dt)[positions]
+  rngs = (None if dropout_rng is None or cfg.dropout <= 0
+          else jax.random.split(dropout_rng, cfg.n_layers + 1))
+  if rngs is not None:
+    x = _dropout(x, cfg.dropout, rngs[-1])
+
+  def layer(x, inputs):
+    p, kv, rng = inputs
+    r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
+    h, kv = _attention(p["attn"], _norm(x, p["attn_norm"], cfg), positions, allowed, cfg, kv,
+                       cache_index, r[0])
+    x = x + _dropout(h, cfg.dropout, r[1])
+    x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg), cfg.dropout, r[2])
+    return x, kv
+
+  if cfg.remat:
+    layer = jax.checkpoint(layer)
+  kv_in = None if cache is None else (cache["k"], cache["v"])
+  layer_rngs = None if rngs is None else rngs[:-1]
+  x, kv_out = jax.lax.scan(layer, x, (params["layers"], kv_in, layer_rngs))
+  x = _norm(x, params["final_norm"], cfg)
+  new_cache = None if cache is None else {"k": kv_out[0], "v": kv_out[1], "mask": key_mask}
+  return x, new_cache
+
+
+def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
+  """Next-token logits in float32, through the tied embedding or a separate head."""
+  if cfg.tie_embeddings:
+    w = params["embed"]["embedding"].astype(hidden.dtype).T
+  else:
+    w = params["lm_head"]["kernel"].astype(hidden.dtype)
+  return (hidden @ w).astype(jnp.float32)
+
+
+def token_logprobs(params: Params, tokens: jax.Array, mask: jax.Array, cfg: ModelConfig, *,
+                   temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """log p(tokens[:, t+1] | tokens[:, :t+1]) at `temperature`, and the entropy of that distribution.
+
+  Both are [B, T-1] and zero where `mask[:, 1:]` is False.
+  """
+  hidden, _ = forward(params, tokens, cfg, mask=mask)
+  logp = jax.nn.log_softmax(lm_logits(params, hidden[:, :-1], cfg) / temperature)
+  chosen = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
+  entropy = -(jnp.exp(logp) * logp).sum(-1)
+  m = mask[:, 1:]
+  return jnp.where(m, chosen, 0.0), jnp.where(m, entropy, 0.0)

@@ -1,0 +1,128 @@
+"""The decoder: causal masking, KV-cache parity, left padding, axes, heads."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhfjax.models import heads
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+
+CONFIGS = {
+    "gpt2": ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4,
+                        n_kv_heads=4, d_ff=64, max_len=32),
+    "llama": ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4,
+                         n_kv_heads=2, d_ff=64, max_len=32, tie_embeddings=False),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def model(request):
+  cfg = CONFIGS[request.param]
+  return cfg, transformer.init(jax.random.key(0), cfg)
+
+
+def _logits(params, tokens, cfg, mask=None):
+  hidden, _ = transformer.forward(params, jnp.asarray(tokens), cfg, mask=mask)
+  return np.asarray(transformer.lm_logits(params, hidden, cfg))
+
+
+def test_causal(model):
+  cfg, params = model
+  tokens = np.random.default_rng(0).integers(3, 64, (2, 12))
+  changed = tokens.copy()
+  changed[:, 7:] = (changed[:, 7:] + 5) % 64
+  a, b = _logits(params, tokens, cfg), _logits(params, changed, cfg)
+  np.testing.assert_allclose(a[:, :7], b[:, :7], atol=1e-6)
+  assert np.abs(a[:, 7:] - b[:, 7:]).max() > 1e-4
+
+
+def test_kv_cache_matches_full_forward(model):
+  cfg, params = model
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(3, 64, (2, 14)).astype(np.int32)
+  mask = np.ones_like(tokens, bool)
+  mask[0, :3] = False  # Left padding on the first row.
+  tokens[0, :3] = 0
+  full = _logits(params, tokens, cfg, mask)
+  cache = transformer.init_cache(cfg, 2, 14)
+  hidden, cache = transformer.forward(params, tokens[:, :6], cfg, mask=mask[:, :6], cache=cache)
+  steps = [np.asarray(transformer.lm_logits(params, hidden, cfg))]
+  for t in range(6, 14):
+    hidden, cache = transformer.forward(params, tokens[:, t:t + 1], cfg, mask=mask[:, t:t + 1],
+                                        cache=cache, cache_index=t)
+    steps.append(np.asarray(transformer.lm_logits(params, hidden, cfg)))
+  cached = np.concatenate(steps, 1)
+  np.testing.assert_allclose(cached[0, 3:], full[0, 3:], atol=1e-5)
+  np.testing.assert_allclose(cached[1], full[1], atol=1e-5)
+
+
+def test_left_padding_does_not_change_logits(model):
+  cfg, params = model
+  prompt = np.random.default_rng(2).integers(3, 64, 9)
+  outs = []
+  for pad in (0, 4):
+    tokens = np.concatenate([np.zeros(pad, int), prompt])[None]
+    mask = np.concatenate([np.zeros(pad, bool), np.ones(9, bool)])[None]
+    outs.append(_logits(params, tokens, cfg, mask)[0, pad:])
+  np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_param_axes_match_params(model):
+  cfg, params = model
+  axes = transformer.param_axes(cfg)
+  is_axes = lambda x: isinstance(x, tuple)
+  assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(params)
+  for a, p in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(params)):
+    assert len(a) == p.ndim
+  if cfg.variant == "llama":
+    assert params["layers"]["attn"]["k"].shape == (2, 32, 2, 8)  # Grouped k/v heads.
+    assert "lm_head" in params and "pos_embed" not in params
+
+
+def test_token_logprobs_match_logits(model):
+  cfg, params = model
+  tokens = np.random.default_rng(3).integers(3, 64, (2, 8))
+  mask = np.ones_like(tokens, bool)
+  mask[1, 6:] = False
+  logp, ent = transformer.token_logprobs(params, tokens, mask, cfg, temperature=0.7)
+  ref = jax.nn.log_softmax(_logits(params, tokens, cfg, mask)[:, :-1] / 0.7)
+  expect = np.take_along_axis(np.asarray(ref), tokens[:, 1:, None], -1)[..., 0]
+  np.testing.assert_allclose(np.asarray(logp)[0], expect[0], atol=1e-5)
+  assert np.all(np.asarray(logp)[1, 5:] == 0) and np.all(np.asarray(ent)[1, 5:] == 0)
+  assert np.all(np.asarray(ent)[0] > 0)
+
+
+def test_dropout_only_with_rng():
+  cfg = CONFIGS["gpt2"].replace(dropout=0.5)
+  params = transformer.init(jax.random.key(0), cfg)
+  tokens = jnp.arange(10)[None] % 64
+  a, _ = transformer.forward(params, tokens, cfg)
+  b, _ = transformer.forward(params, tokens, cfg)
+  c, _ = transformer.forward(params, tokens, cfg, dropout_rng=jax.random.key(1))
+  np.testing.assert_array_equal(a, b)
+  assert np.abs(np.asarray(a - c)).max() > 1e-3
+
+
+def test_reward_read_at_last_real_token():
+  cfg = CONFIGS["gpt2"]
+  params = heads.init(jax.random.key(0), cfg)
+  seq = np.array([5, 6, 7, 8])
+  right = np.array([[5, 6, 7, 8, 0, 0]])
+  right_mask = np.array([[1, 1, 1, 1, 0, 0]], bool)
+  left = np.array([[0, 0, 5, 6, 7, 8]])
+  left_mask = right_mask[:, ::-1]
+  plain = heads.reward(params, seq[None], np.ones((1, 4), bool), cfg)
+  for tokens, mask in ((right, right_mask), (left, left_mask)):
+    np.testing.assert_allclose(heads.reward(params, tokens, mask, cfg), plain, atol=1e-5)
+  np.testing.assert_array_equal(heads.last_token_index(np.array([[1, 1, 0], [0, 1, 1]], bool)),
+                                [1, 2])
+
+
+def test_head_init_scale():
+  head = heads.init_scalar_head(jax.random.key(0), 4095)
+  assert abs(float(jnp.std(head["kernel"])) - 1 / math.sqrt(4096)) < 0.1 / math.sqrt(4096)
+  assert float(head["bias"]) == 0.0

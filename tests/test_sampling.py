@@ -1,0 +1,89 @@
+"""The KV-cache sampler: support restriction, eos handling, log-probs, padding invariance."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhfjax.models import sampling
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+
+CFG = ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                  d_ff=64, max_len=64)
+PARAMS = transformer.init(jax.random.key(0), CFG)
+PROMPTS = np.random.default_rng(0).integers(3, 64, (8, 6)).astype(np.int32)
+MASK = np.ones_like(PROMPTS, bool)
+MASK[::2, :2] = False
+PROMPTS[~MASK] = 0
+
+
+def _sample(scfg, params=PARAMS, prompts=PROMPTS, mask=MASK, seed=0):
+  return jax.tree.map(np.asarray, sampling.sample(params, prompts, mask, jax.random.key(seed), CFG,
+                                                  scfg))
+
+
+def _step_logits(params, prompts, mask, tokens):
+  """Full-forward logits at every generated step, for checking each choice."""
+  seq = np.concatenate([prompts, tokens], 1)
+  m = np.concatenate([mask, np.ones_like(tokens, bool)], 1)
+  hidden, _ = transformer.forward(params, seq, CFG, mask=m)
+  return np.asarray(transformer.lm_logits(params, hidden, CFG))[:, prompts.shape[1] - 1:-1]
+
+
+def test_truncate_keeps_top_k_and_nucleus():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]]))
+  keep = lambda x: np.asarray(x > -1e29)[0].tolist()
+  assert keep(sampling.truncate(logits, 2, 1.0)) == [True, True, False, False]
+  assert keep(sampling.truncate(logits, 0, 0.75)) == [True, True, False, False]
+  assert keep(sampling.truncate(logits, 0, 0.85)) == [True, True, True, False]
+  assert keep(sampling.truncate(logits, 0, 0.1)) == [True, False, False, False]
+
+
+@pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.5)])
+def test_samples_stay_in_support(top_k, top_p):
+  scfg = sampling.SamplingConfig(max_new_tokens=6, eos_id=-1, pad_id=0, temperature=1.5,
+                                 top_k=top_k, top_p=top_p)
+  for seed in range(3):
+    out = _sample(scfg, seed=seed)
+    logits = _step_logits(PARAMS, PROMPTS, MASK, out.tokens) / 1.5
+    allowed = np.asarray(sampling.truncate(jnp.asarray(logits), top_k, top_p)) > -1e29
+    assert np.take_along_axis(allowed, out.tokens[..., None], -1).all()
+
+
+def test_logprobs_match_recomputation():
+  scfg = sampling.SamplingConfig(max_new_tokens=7, eos_id=-1, pad_id=0, temperature=0.8, top_k=5)
+  out = _sample(scfg)
+  logits = _step_logits(PARAMS, PROMPTS, MASK, out.tokens)
+  expect = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.8)), out.tokens[..., None],
+                              -1)[..., 0]
+  np.testing.assert_allclose(out.logprobs, expect, atol=1e-4)
+
+
+def test_greedy_is_argmax_and_padding_invariant():
+  scfg = sampling.SamplingConfig(max_new_tokens=6, eos_id=-1, pad_id=0, temperature=0.0)
+  out = _sample(scfg)
+  logits = _step_logits(PARAMS, PROMPTS, MASK, out.tokens)
+  np.testing.assert_array_equal(out.tokens, logits.argmax(-1))
+  # The same real prompt with more left padding continues identically.
+  padded = np.concatenate([np.zeros((8, 3), np.int32), PROMPTS], 1)
+  pmask = np.concatenate([np.zeros((8, 3), bool), MASK], 1)
+  np.testing.assert_array_equal(_sample(scfg, prompts=padded, mask=pmask).tokens, out.tokens)
+
+
+def test_eos_stops_and_pads():
+  free = _sample(sampling.SamplingConfig(max_new_tokens=10, eos_id=-1, pad_id=0, temperature=0.0))
+  eos = int(free.tokens[0, 3])  # Declare the token greedy emits at step 3 of row 0 to be eos.
+  out = _sample(sampling.SamplingConfig(max_new_tokens=10, eos_id=eos, pad_id=0, temperature=0.0))
+  assert (free.tokens[:, :10] == eos).any(1).sum() >= 1
+  for row, lp, n, ref in zip(out.tokens, out.logprobs, out.lengths, free.tokens):
+    ends = np.flatnonzero(ref == eos)
+    if len(ends):
+      first = ends[0]
+      assert n == first + 1
+      np.testing.assert_array_equal(row[:first + 1], ref[:first + 1])
+      assert (row[first + 1:] == 0).all() and (lp[first + 1:] == 0).all()
+      assert lp[first] < 0
+    else:
+      assert n == 10 and (row == ref).all()
+  assert out.lengths[0] <= 4
