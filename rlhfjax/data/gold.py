@@ -1,0 +1,119 @@
+"""The gold reward: how good a summary of a simulated post truly is, given its latent situation.
+
+  total = coverage - accuracy_penalty - conciseness_penalty - fluency_penalty
+
+- coverage (0..1): weighted share of the key facts mentioned — the relation (1.0), the poster's and
+  the other party's age+gender (0.5 each, the other's being the token right after the relation word),
+  the duration (0.5, when there is one), each event (1.0), the feeling (0.5) and the question (0.75).
+  Matching is on lowercased words with inflections, so word order and paraphrase are tolerated.
+- accuracy: WRONG_FACT for each wrong fact (a relation, event or feeling not in the situation, an age
+  or number not in it, a swapped age) and DISTRACTOR for each irrelevant detail (job, pet, city, hobby).
+- conciseness: PER_EXTRA_WORD for each word beyond WORD_BUDGET.
+- fluency: REPEAT per repeated word trigram (at most MAX_REPEAT), OOV times the share of words the
+  world never writes, NO_END when the summary does not end with . ! or ?.
+
+The reference scores 1.0. Length, repetition and keyword stuffing never raise the total once the facts
+are covered, so a learned reward model that likes them can be over-optimised against this one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+
+from rlhfjax.data import world
+
+WEIGHTS = {"relation": 1.0, "poster": 0.5, "other": 0.5, "duration": 0.5, "event": 1.0,
+           "feeling": 0.5, "question": 0.75}
+WRONG_FACT = 0.25
+DISTRACTOR = 0.1
+WORD_BUDGET = 30
+PER_EXTRA_WORD = 0.02
+REPEAT = 0.1
+MAX_REPEAT = 1.0
+OOV = 1.0
+NO_END = 0.1
+
+_WORD = re.compile(r"[a-z0-9']+")
+_AGE = re.compile(r"^(\d+)([mf])$")
+_RELATION_WORDS = {r.split()[-1]: r for r in world.RELATIONS}  # "best friend" is found by "friend".
+
+
+def _has_any(words: set[str], options: Sequence[str]) -> bool:
+  return any(o in words for o in options)
+
+
+def _event_mentioned(words: set[str], event: str) -> bool:
+  return all(_has_any(words, group) for group in world.EVENTS[event][3])
+
+
+def gold_components(situation: world.Situation, summary: str) -> dict[str, float]:
+  """Coverage, the three penalties (as negative numbers) and their total."""
+  s = situation
+  tokens = _WORD.findall(summary.lower())
+  words = set(tokens)
+  rel_word = s.relation.split()[-1]
+
+  # Ages: the age token right after the relation word is the other party's, the rest the poster's.
+  other_at = {i + 1 for i, t in enumerate(tokens[:-1]) if t == rel_word}
+  poster_ok = other_ok = False
+  wrong = 0
+  for i, t in enumerate(tokens):
+    m = _AGE.match(t)
+    if not m:
+      continue
+    want = (s.other_age, s.other_gender) if i in other_at else (s.poster_age, s.poster_gender)
+    ok = (int(m.group(1)), m.group(2).upper()) == want
+    wrong += not ok
+    if i in other_at:
+      other_ok |= ok
+    else:
+      poster_ok |= ok
+
+  facts = {"relation": rel_word in words, "poster": poster_ok, "other": other_ok,
+           "feeling": s.feeling in words,
+           "question": _has_any(words, world.QUESTIONS[s.question][1])}
+  weights = {k: WEIGHTS[k] for k in facts}
+  if s.duration:
+    n, unit = s.duration.split()
+    facts["duration"] = n in words and _has_any(words, (unit, unit.rstrip("s")))
+    weights["duration"] = WEIGHTS["duration"]
+  for e in s.events:
+    facts[f"event:{e}"] = _event_mentioned(words, e)
+    weights[f"event:{e}"] = WEIGHTS["event"]
+  coverage = sum(weights[k] for k, v in facts.items() if v) / sum(weights.values())
+
+  wrong += sum(1 for w, r in _RELATION_WORDS.items() if w in words and r != s.relation)
+  wrong += sum(1 for e in world.EVENTS if e not in s.events and _event_mentioned(words, e))
+  wrong += sum(1 for f in world.FEELINGS if f != s.feeling and f in words)
+  allowed_numbers = {str(s.poster_age), str(s.other_age)}
+  if s.duration:
+    allowed_numbers.add(s.duration.split()[0])
+  wrong += sum(1 for t in words if t.isdigit() and t not in allowed_numbers)
+  irrelevant = sum(1 for _, v in s.distractors if v in words)
+  accuracy = -(WRONG_FACT * wrong + DISTRACTOR * irrelevant)
+
+  conciseness = -PER_EXTRA_WORD * max(0, len(summary.split()) - WORD_BUDGET)
+
+  trigrams = list(zip(tokens, tokens[1:], tokens[2:]))
+  repeats = len(trigrams) - len(set(trigrams))
+  vocab = world.vocabulary()
+  oov = sum(t not in vocab for t in tokens) / max(len(tokens), 1)
+  ends = summary.rstrip().endswith((".", "!", "?"))
+  fluency = -(min(REPEAT * repeats, MAX_REPEAT) + OOV * oov + (0.0 if ends else NO_END))
+
+  total = coverage + accuracy + conciseness + fluency
+  return {"coverage": coverage, "accuracy": accuracy, "conciseness": conciseness,
+          "fluency": fluency, "total": total}
+
+
+def gold_reward(situation: world.Situation, summary: str) -> float:
+  return gold_components(situation, summary)["total"]
+
+
+def gold_rewards(examples: Sequence[world.Example], summaries: Sequence[str]) -> np.ndarray:
+  if len(examples) != len(summaries):
+    raise ValueError(f"{len(examples)} examples but {len(summaries)} summaries")
+  return np.array([gold_reward(e.situation, t) for e, t in zip(examples, summaries)], np.float32)

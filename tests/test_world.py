@@ -1,0 +1,103 @@
+"""The simulated world is deterministic, and its gold reward ranks summaries sensibly."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from rlhfjax.data import gold
+from rlhfjax.data import world
+
+EXAMPLES = world.generate(seed=7, start=0, count=300)
+
+
+def _gold(texts):
+  return gold.gold_rewards(EXAMPLES, texts)
+
+
+REFERENCE = _gold([e.reference for e in EXAMPLES])
+
+
+def test_determinism_and_slices():
+  assert world.generate(7, 0, 20) == EXAMPLES[:20]
+  assert world.generate(7, 5, 3) == world.generate(7, 0, 8)[5:8]
+  assert [e.post for e in world.generate(8, 0, 20)] != [e.post for e in EXAMPLES[:20]]
+
+
+def test_splits_are_disjoint_ranges():
+  splits = world.make_splits(3, {"sft": 10, "pref": 5, "test": 4})
+  assert [len(v) for v in splits.values()] == [10, 5, 4]
+  ids = [e.id for v in splits.values() for e in v]
+  assert len(set(ids)) == 19
+  assert splits["pref"] == world.generate(3, 10, 5)
+
+
+def test_lengths_and_vocabulary():
+  post_words = [len(e.post.split()) for e in EXAMPLES]
+  ref_words = [len(e.reference.split()) for e in EXAMPLES]
+  assert 25 <= min(post_words) and max(post_words) <= 90
+  assert 12 <= min(ref_words) and max(ref_words) <= 35
+  vocab = world.vocabulary()
+  assert len(vocab) < 1500
+  for e in EXAMPLES:
+    words = set(re.findall(r"[a-z0-9']+", f"{e.title} {e.post} {e.reference}".lower()))
+    assert words <= vocab, words - vocab
+
+
+def test_generation_is_fast():
+  t = time.perf_counter()
+  world.generate(0, 0, 10_000)
+  assert time.perf_counter() - t < 5
+
+
+def test_reference_is_near_perfect():
+  assert REFERENCE.mean() >= 0.95
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda e, r: world.shuffle_facts(e, r),
+    lambda e, r: world.wrong_relation(e, r),
+    lambda e, r: world.repeat_text(e),
+])
+def test_gold_ranks_reference_above_corruptions(corrupt):
+  rng = np.random.default_rng(0)
+  corrupted = _gold([corrupt(e, rng) for e in EXAMPLES])
+  assert np.mean(REFERENCE > corrupted) >= 0.95
+
+
+def test_gold_ranks_reference_above_extractive_baselines():
+  for name in ("title", "lead1", "lead2"):
+    baseline = _gold([world.extractive_baselines(e)[name] for e in EXAMPLES])
+    assert baseline.mean() <= 0.5 and REFERENCE.mean() - baseline.mean() >= 0.4, name
+
+
+def test_partial_credit():
+  partial = _gold([" ".join(world.sentences(e.reference)[:-1]) for e in EXAMPLES])
+  lead2 = _gold([world.extractive_baselines(e)["lead2"] for e in EXAMPLES])
+  assert lead2.mean() < partial.mean() < REFERENCE.mean()
+
+
+def test_length_and_stuffing_do_not_pay():
+  e = EXAMPLES[0]
+  ref = gold.gold_reward(e.situation, e.reference)
+  assert gold.gold_reward(e.situation, e.reference + " " + e.post) < ref
+  assert gold.gold_reward(e.situation, e.reference + " " + e.reference) < ref
+  other = [k for k in world.EVENTS if k not in e.situation.events][0]
+  stuffed = e.reference + " " + world.EVENTS[other][1] + "."
+  assert gold.gold_reward(e.situation, stuffed) < ref
+  distractor = e.situation.distractors[0][1]
+  assert gold.gold_reward(e.situation, e.reference + f" I like {distractor}.") < ref
+
+
+def test_components_hand_worked():
+  s = world.Situation(24, "F", "boyfriend", 26, "M", "2 years", ("forgot_birthday",), "hurt",
+                      "end", (("pet", "milo"),))
+  # Relation, both ages, duration, the event and the question; the feeling is missing (0.5 of 4.75).
+  c = gold.gold_components(s, "My (24F) boyfriend (26M) of 2 years forgot my birthday. Should I break up?")
+  assert c["coverage"] == pytest.approx(4.25 / 4.75)
+  assert c["accuracy"] == 0 and c["fluency"] == 0 and c["conciseness"] == 0
+  # Swapped ages: both age facts wrong (two wrong facts), a wrong relation word, a distractor.
+  c = gold.gold_components(s, "My (26M) boyfriend (24F) and my sister forgot my birthday. Milo")
+  assert c["accuracy"] == pytest.approx(-(3 * gold.WRONG_FACT + gold.DISTRACTOR))
+  assert c["fluency"] == pytest.approx(-gold.NO_END)
