@@ -23,21 +23,21 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.tokenizer = dict(path="", vocab_size=1024, model_type="bpe", train_examples=4000)
 
   # Token budgets: the post is truncated at sentence boundaries to fit `prompt_len`.
-  c.format = dict(prompt_len=128, response_len=48)
+  c.format = dict(prompt_len=112, response_len=40)
 
   # The decoder (see rlhfjax/models/config.py for the meaning of each key).
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
-                 n_layers=4, n_heads=4, n_kv_heads=4, d_ff=512, max_len=256, head_dim=0,
+                 n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=160, head_dim=0,
                  tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, dropout=0.0,
                  dtype="float32", param_dtype="float32", remat=False)
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
-  c.sft = dict(batch_size=32, steps=600, lr=2e-3, warmup_steps=30, schedule="cosine",
+  c.sft = dict(batch_size=32, steps=900, lr=6e-3, warmup_steps=30, schedule="cosine",
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-               log_every=25, eval_every=100, eval_batches=4)
+               log_every=25, eval_every=150, eval_batches=4)
 
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
-  c.checkpoint = dict(every=100, keep=2)
+  c.checkpoint = dict(every=150, keep=2)
 
   # End-of-run evaluation on the test split: samples, ROUGE-L and gold reward.
   c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0)
@@ -45,7 +45,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg == "tiny":
     c.data.update(sft=256, pref=64, unlabeled=64, validation=32, test=32)
     c.tokenizer.update(vocab_size=400, train_examples=256)
-    c.format.update(prompt_len=128, response_len=32)
+    c.format.update(response_len=32)
     c.model.update(d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64, max_len=160)
     c.sft.update(batch_size=8, steps=8, warmup_steps=2, log_every=2, eval_every=4, eval_batches=1)
     c.checkpoint.update(every=4)

@@ -6,11 +6,14 @@ end in one line naming the culprit and exit status 2, not a traceback.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from typing import Callable
 
 from absl import app
 from absl import flags
+from absl import logging
 from ml_collections import config_flags
 
 from rlhfjax.algorithms import sft
@@ -41,6 +44,7 @@ def run(config, workdir: str):
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
+  logging.set_verbosity(logging.WARNING)  # Orbax and rouge-score are chatty at INFO.
   config = _CONFIG.value
   try:
     run(config, _WORKDIR.value or config.workdir)
@@ -49,11 +53,27 @@ def main(argv: list[str]) -> None:
 
 
 def _flags_parser(argv: list[str]) -> list[str]:
-  """Parses flags, turning absl's multi-line usage dump into one clear line."""
+  """Parses flags and loads the config; a mistake becomes one line naming it, not a usage dump."""
   try:
-    return flags.FLAGS(argv)
-  except flags.Error as e:
-    _fail(str(e))
+    rest = flags.FLAGS(argv)
+    _ = _CONFIG.value.task  # Config files load lazily: touch one to surface a loading error.
+    return rest
+  except OSError:
+    path = next((a.split("=", 1)[-1] for a in argv if a.startswith("--config=")), None)
+    if path is None and "--config" in argv:
+      path = argv[argv.index("--config") + 1]
+    _fail(f"cannot load config file {path}: " + ("no such file" if path and not os.path.exists(
+        path.split(":")[0]) else "see the error above"))
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    message = " ".join(re.sub(r"[\\']", "", str(e)).replace("\\n", " ").split())
+    if "Traceback" in message:  # An error inside get_config(): keep its last line.
+      message = "config file: " + message.rsplit("Error: ", 1)[-1]
+    hint = re.search(r'Did you mean "(\w+)"', message)
+    bad = [a.split("=")[0][2:] for a in argv[1:] if a.startswith("--config.")
+           and a.split("=")[0].split(".")[-1] in message]
+    if isinstance(e, (AttributeError, KeyError)) and bad:
+      _fail(f"{bad[0]}: unknown config key" + (f" (did you mean {hint.group(1)}?)" if hint else ""))
+    _fail(message)
   return argv
 
 

@@ -54,7 +54,7 @@ def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg:
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
   state = state.apply_gradients(grads, tx)
-  return state, {"train/loss": loss, "train/grad_norm": optax.global_norm(grads)}
+  return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
 
 
 def train(exp: experiment.Experiment) -> TrainState:

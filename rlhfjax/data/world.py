@@ -233,8 +233,8 @@ def _capitalise(s: str) -> str:
   return s[0].upper() + s[1:]
 
 
-def _age(age: int, gender: str, style: int) -> str:
-  return f"[{age}{gender}]" if style == 1 else f"({age}{gender})"
+def _age(age: int, gender: str) -> str:
+  return f"({age}{gender})"
 
 
 def sample_situation(rng: np.random.Generator) -> Situation:
@@ -271,8 +271,7 @@ def question_text(s: Situation) -> str:
 
 
 def _background(s: Situation, rng: np.random.Generator) -> str:
-  me, them = _age(s.poster_age, s.poster_gender, rng.integers(2)), _age(
-      s.other_age, s.other_gender, rng.integers(2))
+  me, them = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
   rel = s.relation
   if s.category == "family":
     forms = (f"I {me} have always been close to my {rel} {them}.",
@@ -289,7 +288,7 @@ def _background(s: Situation, rng: np.random.Generator) -> str:
 
 def _reference(s: Situation, rng: np.random.Generator) -> str:
   events = " and ".join(_fill(EVENTS[e][1], s.other_gender) for e in s.events)
-  me, them = f"({s.poster_age}{s.poster_gender})", f"({s.other_age}{s.other_gender})"
+  me, them = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
   of = f" of {s.duration}" if s.duration else ""
   forms = (f"My {me} {s.relation} {them}{of} {events}. I feel {s.feeling}.",
            f"I {me} feel {s.feeling} because my {s.relation} {them}{of} {events}.",
@@ -362,7 +361,7 @@ def shuffle_facts(example: Example, rng: np.random.Generator) -> str:
   """The reference with facts mixed up: the two parties' ages swapped and an event replaced."""
   s = example.situation
   ref = example.reference
-  a, b = f"({s.poster_age}{s.poster_gender})", f"({s.other_age}{s.other_gender})"
+  a, b = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
   ref = ref.replace(a, "\0").replace(b, a).replace("\0", b)
   pool = [e for e, spec in EVENTS.items() if s.category in spec[0] and e not in s.events]
   other = pool[rng.integers(len(pool))]

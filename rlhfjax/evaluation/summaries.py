@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -15,9 +16,14 @@ from rlhfjax.data import gold
 from rlhfjax.data import world
 
 
+@functools.lru_cache(maxsize=1)
+def _scorer() -> rouge_scorer.RougeScorer:
+  return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+
+
 def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> np.ndarray:
   """Per-example ROUGE-L F1 (with stemming, as in the summarisation literature)."""
-  scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+  scorer = _scorer()
   return np.array([scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(predictions, references)])
 
 
