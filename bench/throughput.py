@@ -54,7 +54,7 @@ def matmul_peak(n: int = 2048) -> float:
 
 def matmul_params(cfg: ModelConfig) -> int:
   """Parameters that take part in matmuls per token (embedding lookup excluded, LM head included)."""
-  params = jax.eval_shape(transformer.init, jax.random.key(0), cfg)
+  params = jax.eval_shape(functools.partial(transformer.init, cfg=cfg), jax.random.key(0))
   total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
   lookups = cfg.vocab_size * cfg.d_model * (0 if cfg.tie_embeddings else 1)
   if cfg.variant == "gpt2":

@@ -7,10 +7,12 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from conftest import ROOT
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
+from rlhfjax.errors import ConfigError
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import checkpoint
@@ -92,3 +94,8 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tiny_config):
   assert int(resumed.step) == int(straight.step) == 12
   for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  # Resuming the same workdir under another model or schedule is refused, naming what changed.
+  tiny_config.sft.update(lr=1e-4)
+  with pytest.raises(ConfigError, match=r"sft.lr"):
+    sft.train(experiment.prepare(tiny_config, workdir))

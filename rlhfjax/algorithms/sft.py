@@ -8,6 +8,7 @@ extractive baselines on gold reward and ROUGE-L.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -79,7 +80,10 @@ def train(exp: experiment.Experiment) -> TrainState:
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  state = loop.restore_if_any(ckpt, state)
+  # What determines the trained parameters; resuming under other values is refused.
+  meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
+          "sft": {k: v for k, v in c.items() if k not in ("log_every", "eval_every", "eval_batches")}}
+  state = loop.restore_if_any(ckpt, state, meta)
   tokens_per_step = c.batch_size * (plen + rlen)
 
   def one_step(state, step):
@@ -96,7 +100,7 @@ def train(exp: experiment.Experiment) -> TrainState:
                        f"val loss {out['val/loss']:.3f}")
     return out
 
-  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, "sft")
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, "sft", meta)
   writer.close()
   ckpt.close()
   return state

@@ -50,6 +50,12 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return out["state"], dict(out["meta"] or {})
 
+  def restore_meta(self, step: int | None = None) -> dict:
+    """The JSON metadata of a checkpoint (the latest by default), without loading arrays."""
+    step = self.latest_step() if step is None else step
+    out = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(out["meta"] or {})
+
   def wait(self) -> None:
     self._mgr.wait_until_finished()
 

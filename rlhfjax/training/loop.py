@@ -13,14 +13,26 @@ from typing import Any, Callable
 import jax
 import tqdm
 
+from rlhfjax.errors import ConfigError
 from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
 
 
-def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any) -> Any:
-  """The latest checkpoint restored into `state`'s structure, or `state` if there is none."""
+def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None = None) -> Any:
+  """The latest checkpoint restored into `state`'s structure, or `state` if there is none.
+
+  `meta` (saved with every checkpoint) must match the stored one: resuming a workdir with a
+  different model or schedule would silently mix two runs.
+  """
   if ckpt.latest_step() is None:
     return state
+  stored = ckpt.restore_meta()
+  for key, value in (meta or {}).items():
+    if key in stored and stored[key] != value:
+      diff = ", ".join(f"{key}.{k}: {stored[key].get(k)!r} -> {v!r}" for k, v in value.items()
+                       if stored[key].get(k) != v) if isinstance(value, dict) else f"{key}"
+      raise ConfigError(f"{ckpt.directory} holds a run with another configuration ({diff}); "
+                        "use a new --workdir or restore the old settings")
   state, _ = ckpt.restore(state)
   metrics_lib.info(f"resuming from step {int(state.step)} ({ckpt.directory})")
   return state
