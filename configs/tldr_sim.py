@@ -23,11 +23,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.tokenizer = dict(path="", vocab_size=1024, model_type="bpe", train_examples=4000)
 
   # Token budgets: the post is truncated at sentence boundaries to fit `prompt_len`.
-  c.format = dict(prompt_len=112, response_len=40)
+  c.format = dict(prompt_len=128, response_len=48)
 
   # The decoder (see rlhfjax/models/config.py for the meaning of each key).
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
-                 n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=160, head_dim=0,
+                 n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=192, head_dim=0,
                  tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, dropout=0.0,
                  dtype="float32", param_dtype="float32", remat=False)
 
