@@ -32,12 +32,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                  dtype="float32", param_dtype="float32", remat=False)
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
-  c.sft = dict(batch_size=32, steps=900, lr=6e-3, warmup_steps=30, schedule="cosine",
+  c.sft = dict(batch_size=32, steps=800, lr=6e-3, warmup_steps=30, schedule="cosine",
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-               log_every=25, eval_every=150, eval_batches=4)
+               log_every=25, eval_every=100, eval_batches=4)
 
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
-  c.checkpoint = dict(every=150, keep=2)
+  c.checkpoint = dict(every=100, keep=2)
 
   # End-of-run evaluation on the test split: samples, ROUGE-L and gold reward.
   c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0)
