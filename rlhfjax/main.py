@@ -25,6 +25,7 @@ TASKS: dict[str, Callable] = {
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
+flags.mark_flag_as_required("config")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and outputs go "
                                "(default: config.workdir). A rerun in the same workdir resumes.")
 

@@ -21,6 +21,9 @@ def test_overrides_reach_the_run(tmp_path):
     saved = json.load(f)
   assert saved["sft"]["steps"] == 3 and saved["model"]["d_model"] == 16
   assert os.path.isdir(tmp_path / "sft" / "checkpoints" / "3")
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "sft" / "tb" / "metrics"))
+  with open(tmp_path / "sft" / "metrics.jsonl") as f:
+    assert [json.loads(l)["step"] for l in f] == [2, 3]
 
 
 def _one_line_error(r, *needles):
@@ -40,6 +43,10 @@ def test_unknown_key(tmp_path):
 def test_wrong_type(tmp_path):
   _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
                         "--config.sft.steps=many"), "sft.steps")
+
+
+def test_missing_config_flag(tmp_path):
+  _one_line_error(_main("--workdir", str(tmp_path)), "--config")
 
 
 def test_missing_config_file(tmp_path):
