@@ -1,0 +1,150 @@
+"""Pairwise comparison records, and the two file layouts they travel in.
+
+One schema for a judgement between two responses to the same prompt, whoever made it (a person, a
+simulated annotator, a reward model). Read and written as JSONL in
+- OpenAI's summarize-from-feedback layout: `info{id, post, title, subreddit}`,
+  `summaries[{text, policy, note}]` (two), `choice` (0 or 1), `worker`, `batch`, `split`
+  (train / valid1 / valid2), `extra{confidence}`;
+- AlpacaFarm's pairwise layout: `instruction`, `input`, `output_1`, `output_2`, `preference` (1 or 2).
+
+A malformed line is reported as `file:line: reason` and skipped; every good line is kept. Files are
+written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Iterable, Sequence
+
+from rlhfjax.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """`choice` is 0 when `response_a` is preferred, 1 when `response_b` is."""
+
+  prompt: str  # The post (TL;DR) or the instruction (AlpacaFarm).
+  response_a: str
+  response_b: str
+  choice: int
+  annotator: str = ""
+  confidence: float | None = None
+  split: str = "train"
+  policy_a: str = ""
+  policy_b: str = ""
+  id: str = ""
+  title: str = ""  # TL;DR only.
+  subreddit: str = ""  # TL;DR only.
+  input: str = ""  # AlpacaFarm's optional instruction input.
+  batch: str = ""
+  note_a: str = ""
+  note_b: str = ""
+
+
+def _require(row: dict, key: str, kind: type | tuple[type, ...]) -> Any:
+  if key not in row:
+    raise ValueError(f"missing field {key!r}")
+  if not isinstance(row[key], kind) or isinstance(row[key], bool):
+    raise ValueError(f"field {key!r} has type {type(row[key]).__name__}")
+  return row[key]
+
+
+def from_openai(row: dict) -> Comparison:
+  info = _require(row, "info", dict)
+  summaries = _require(row, "summaries", list)
+  if len(summaries) != 2 or not all(isinstance(s, dict) for s in summaries):
+    raise ValueError("'summaries' must hold exactly two objects")
+  choice = _require(row, "choice", int)
+  if choice not in (0, 1):
+    raise ValueError(f"'choice' must be 0 or 1, got {choice}")
+  texts = [_require(s, "text", str) for s in summaries]
+  extra = row.get("extra") or {}
+  confidence = extra.get("confidence") if isinstance(extra, dict) else None
+  return Comparison(
+      prompt=_require(info, "post", str), response_a=texts[0], response_b=texts[1], choice=choice,
+      annotator=str(row.get("worker") or ""), confidence=confidence,
+      split=str(row.get("split") or "train"), policy_a=str(summaries[0].get("policy") or ""),
+      policy_b=str(summaries[1].get("policy") or ""), id=str(info.get("id") or ""),
+      title=str(info.get("title") or ""), subreddit=str(info.get("subreddit") or ""),
+      batch=str(row.get("batch") or ""), note_a=str(summaries[0].get("note") or ""),
+      note_b=str(summaries[1].get("note") or ""))
+
+
+def to_openai(c: Comparison) -> dict:
+  return {"info": {"id": c.id, "post": c.prompt, "title": c.title, "subreddit": c.subreddit},
+          "summaries": [{"text": c.response_a, "policy": c.policy_a, "note": c.note_a},
+                        {"text": c.response_b, "policy": c.policy_b, "note": c.note_b}],
+          "choice": c.choice, "worker": c.annotator, "batch": c.batch, "split": c.split,
+          "extra": {"confidence": c.confidence}}
+
+
+def from_alpaca(row: dict) -> Comparison:
+  preference = _require(row, "preference", (int, float))
+  if preference not in (1, 2):
+    raise ValueError(f"'preference' must be 1 or 2, got {preference}")
+  return Comparison(prompt=_require(row, "instruction", str), input=str(row.get("input") or ""),
+                    response_a=_require(row, "output_1", str),
+                    response_b=_require(row, "output_2", str), choice=int(preference) - 1,
+                    annotator=str(row.get("annotator") or ""))
+
+
+def to_alpaca(c: Comparison) -> dict:
+  return {"instruction": c.prompt, "input": c.input, "output_1": c.response_a,
+          "output_2": c.response_b, "preference": c.choice + 1}
+
+
+LAYOUTS: dict[str, tuple[Callable[[dict], Comparison], Callable[[Comparison], dict]]] = {
+    "openai": (from_openai, to_openai),
+    "alpaca": (from_alpaca, to_alpaca),
+}
+
+
+def _layout(name: str):
+  if name not in LAYOUTS:
+    raise ValueError(f"unknown comparison layout {name!r} (available: {', '.join(LAYOUTS)})")
+  return LAYOUTS[name]
+
+
+def read(path: str, layout: str) -> tuple[list[Comparison], list[str]]:
+  """All good records of a JSONL file, and one `file:line: reason` per malformed line."""
+  parse, _ = _layout(layout)
+  records, problems = [], []
+  with open(path, "rb") as f:
+    for number, raw in enumerate(f, start=1):
+      if not raw.strip():
+        continue
+      try:
+        row = json.loads(raw.decode("utf-8"))
+        if not isinstance(row, dict):
+          raise ValueError("not a JSON object")
+        records.append(parse(row))
+      except (UnicodeDecodeError, ValueError) as e:
+        problems.append(f"{path}:{number}: {e}")
+  return records, problems
+
+
+def read_strict(path: str, layout: str) -> list[Comparison]:
+  """Like `read`, but a malformed line is a `DataError` naming the file and every bad line."""
+  records, problems = read(path, layout)
+  if problems:
+    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+    raise DataError(problems[0] + more)
+  return records
+
+
+def write(path: str, records: Iterable[Comparison], layout: str) -> None:
+  """Writes JSONL atomically: a temporary file renamed into place."""
+  _, dump = _layout(layout)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for c in records:
+      f.write(json.dumps(dump(c), ensure_ascii=False) + "\n")
+  os.replace(tmp, path)
+
+
+def preferred(records: Sequence[Comparison]) -> list[tuple[str, str]]:
+  """(chosen, rejected) responses of each record."""
+  return [((c.response_a, c.response_b) if c.choice == 0 else (c.response_b, c.response_a))
+          for c in records]
