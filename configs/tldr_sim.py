@@ -1,6 +1,7 @@
 """The simulated TL;DR world on this CPU: the quickstart.
 
-  python -m rlhfjax.main --config configs/tldr_sim.py --workdir runs/tldr_sim
+  python -m rlhfjax.main --config configs/tldr_sim.py --workdir runs/tldr_sim   # SFT -> label -> RM
+  python -m rlhfjax.main --config configs/tldr_sim.py --workdir runs/tldr_sim --config.task=rm
   python -m rlhfjax.main --config configs/tldr_sim.py:tiny --workdir /tmp/t   # seconds, for tests
 
 Every knob has a default that works on a 2-core CPU; accelerator configs override sizes.
@@ -11,7 +12,10 @@ import ml_collections
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.task = "sft"
+  # `pipeline` runs `stages` in order, each resuming or reusing what the workdir already holds;
+  # any single stage can run alone with --config.task=<stage>.
+  c.task = "pipeline"
+  c.stages = "sft,label,rm"
   c.seed = 0
   c.workdir = "runs/tldr_sim"
 
@@ -36,6 +40,30 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
                log_every=25, eval_every=100, eval_batches=4)
 
+  # Simulated annotators (AlpacaFarm-style pool for the simulated world): each member's traits are
+  # drawn uniformly from these (low, high) ranges. Utility = weights . gold components + length_bias
+  # per word; P(first shown wins) = sigmoid(du / temperature + position_bias). Training labels are
+  # flipped with probability flip_rate; the evaluation pool is the same members without flips.
+  c.annotators = dict(pool_size=8, seed=0, flip_rate=0.25, file_layout="openai", traits=dict(
+      weight_coverage=(0.6, 1.4), weight_accuracy=(0.6, 1.4), weight_conciseness=(0.3, 1.5),
+      weight_fluency=(0.5, 1.5), length_bias=(0.0, 0.02), position_bias=(-0.5, 0.5),
+      temperature=(0.05, 0.15)))
+
+  # Preference data: SFT sample pairs at temperature 1.0 on the PREF split (training) and the
+  # validation split (held out), compared by `annotator` (train_pool | eval_pool | single | gold |
+  # rm | file:PATH).
+  c.label = dict(annotator="train_pool", num_pairs=4000, num_val_pairs=512, temperature=1.0,
+                 top_k=0, top_p=1.0, batch_size=64, report_draws=4)
+
+  # Reward model: Bradley-Terry from the SFT checkpoint, one epoch; then scores are normalised so
+  # that `normalize` ('reference' summaries | 'sft' samples | 'none') has mean 0 (and std 1 with
+  # normalize_std). Comparison files default to task=label's output.
+  c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=1e-3,
+              warmup_steps=10, schedule="cosine", end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8,
+              weight_decay=0.0, grad_clip=1.0, log_every=10, eval_every=50, eval_batch_size=64,
+              normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
+              bootstrap=200)
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
@@ -48,6 +76,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.format.update(response_len=32)
     c.model.update(d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64, max_len=160)
     c.sft.update(batch_size=8, steps=8, warmup_steps=2, log_every=2, eval_every=4, eval_batches=1)
+    c.label.update(num_pairs=32, num_val_pairs=16, batch_size=16)
+    c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
+                norm_examples=16, probe_examples=8, bootstrap=20)
     c.checkpoint.update(every=4)
     c.eval.update(num_examples=8, batch_size=8, show=1)
   elif arg:

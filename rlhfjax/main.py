@@ -16,11 +16,15 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax.feedback import label
 
 TASKS: dict[str, Callable] = {
     "sft": sft.run,
+    "label": label.run,
+    "rm": reward_model.run,
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
@@ -36,10 +40,19 @@ def _fail(message: str) -> None:
 
 
 def run(config, workdir: str):
-  """Runs `config.task` in `workdir`; importable for notebooks and tests."""
-  if config.task not in TASKS:
-    raise ConfigError(f"config.task: unknown task {config.task!r} (available: {', '.join(TASKS)})")
-  return TASKS[config.task](config, workdir)
+  """Runs `config.task` in `workdir`; importable for notebooks and tests.
+
+  `task=pipeline` runs the comma-separated `config.stages` in order and returns the last result.
+  """
+  stages = config.stages.split(",") if config.task == "pipeline" else [config.task]
+  for stage in stages:
+    if stage not in TASKS:
+      key = "config.stages" if config.task == "pipeline" else "config.task"
+      raise ConfigError(f"{key}: unknown task {stage!r} (available: pipeline, {', '.join(TASKS)})")
+  result = None
+  for stage in stages:
+    result = TASKS[stage](config, workdir)
+  return result
 
 
 def main(argv: list[str]) -> None:

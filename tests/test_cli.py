@@ -14,7 +14,7 @@ def _main(*args, cwd=ROOT):
 
 
 def test_overrides_reach_the_run(tmp_path):
-  r = _main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
+  r = _main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path), "--config.task=sft",
             "--config.sft.steps=3", "--config.eval.num_examples=0", "--config.model.d_model=16")
   assert r.returncode == 0, r.stderr
   with open(tmp_path / "config.json") as f:
@@ -58,3 +58,10 @@ def test_invalid_value_names_key(tmp_path):
                         "--config.model.variant=bert"), "model.variant")
   _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
                         "--config.task=nope"), "config.task")
+  _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
+                        "--config.stages=sft,rn"), "config.stages", "'rn'")
+
+
+def test_missing_stage_input_names_the_task(tmp_path):
+  _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
+                        "--config.task=label"), "task=sft")

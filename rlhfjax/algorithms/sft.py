@@ -31,18 +31,23 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 
-def response_nll(params, batch: pipeline.Batch, cfg: ModelConfig,
-                 dropout_rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-  """Summed negative log-likelihood of the response tokens, and their count."""
-  tokens = jnp.concatenate([batch["prompt"], batch["response"]], axis=1)
-  mask = jnp.concatenate([batch["prompt_mask"], batch["response_mask"]], axis=1)
+def response_logprobs(params, batch: pipeline.Batch, cfg: ModelConfig,
+                      dropout_rng: jax.Array | None = None) -> jax.Array:
+  """log p(response token | prompt, earlier tokens) [B, R], 0 at padding."""
+  tokens, mask = pipeline.prompt_and(batch)
   hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
   prompt_len = batch["prompt"].shape[1]
   # Position t predicts token t+1: the last prompt column predicts the first response token.
   logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg)
   logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["response"][..., None], -1)[..., 0]
-  m = batch["response_mask"].astype(jnp.float32)
-  return -(logp * m).sum(), m.sum()
+  return jnp.where(batch["response_mask"], logp, 0.0)
+
+
+def response_nll(params, batch: pipeline.Batch, cfg: ModelConfig,
+                 dropout_rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """Summed negative log-likelihood of the response tokens, and their count."""
+  logp = response_logprobs(params, batch, cfg, dropout_rng)
+  return -logp.sum(), batch["response_mask"].astype(jnp.float32).sum()
 
 
 def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg: ModelConfig,
@@ -104,6 +109,19 @@ def train(exp: experiment.Experiment) -> TrainState:
   writer.close()
   ckpt.close()
   return state
+
+
+def _state_template(exp: experiment.Experiment) -> TrainState:
+  c = exp.config.sft
+  tx = optimizer.adamw(c, c.steps)
+  return jax.eval_shape(lambda: TrainState.create(transformer.init(jax.random.key(0), exp.model), tx))
+
+
+def load_policy(exp: experiment.Experiment) -> Any:
+  """The parameters of the finished SFT run in `<workdir>/sft` (what label, rm and ppo start from)."""
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/sft/checkpoints", _state_template(exp),
+                                         exp.config.sft.steps, "sft")
+  return state.params
 
 
 def evaluate(exp: experiment.Experiment, params: Any) -> dict[str, Any]:

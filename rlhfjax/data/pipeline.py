@@ -8,14 +8,17 @@ uninterrupted one would.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rlhfjax.data import formats
 from rlhfjax.data import tokenizer as tokenizer_lib
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax.feedback import records
 
 Batch = dict[str, np.ndarray]
 
@@ -34,18 +37,39 @@ def tokenizer_corpus(examples: Sequence[world.Example]) -> list[str]:
           + " " + e.reference for e in examples]
 
 
-def encode_prompts(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example],
+class Post(NamedTuple):
+  """What a TL;DR prompt is made of (a `world.Example` has the same fields)."""
+  id: str
+  subreddit: str
+  title: str
+  post: str
+
+
+def posts_of(comparisons: Sequence[records.Comparison]) -> list[Post]:
+  return [Post(c.id, c.subreddit, c.title, c.prompt) for c in comparisons]
+
+
+def encode_prompts(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | world.Example],
                    prompt_len: int) -> Batch:
-  ids = [formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len) for e in examples]
+  ids = [formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len) for e in posts]
   prompt, prompt_mask = formats.pad(ids, prompt_len, tok.pad_id, "left")
   return {"prompt": prompt, "prompt_mask": prompt_mask}
 
 
-def encode_responses(tok: tokenizer_lib.Tokenizer, texts: Sequence[str],
-                     response_len: int) -> Batch:
+def encode_responses(tok: tokenizer_lib.Tokenizer, texts: Sequence[str], response_len: int,
+                     name: str = "response") -> Batch:
   ids = [formats.response_tokens(tok, t, response_len) for t in texts]
   response, response_mask = formats.pad(ids, response_len, tok.pad_id, "right")
-  return {"response": response, "response_mask": response_mask}
+  return {name: response, f"{name}_mask": response_mask}
+
+
+def encode_comparisons(tok: tokenizer_lib.Tokenizer, comparisons: Sequence[records.Comparison],
+                       prompt_len: int, response_len: int) -> Batch:
+  """Prompts with the `chosen` and `rejected` responses of each comparison."""
+  chosen, rejected = zip(*records.preferred(comparisons)) if comparisons else ((), ())
+  return {**encode_prompts(tok, posts_of(comparisons), prompt_len),
+          **encode_responses(tok, chosen, response_len, "chosen"),
+          **encode_responses(tok, rejected, response_len, "rejected")}
 
 
 def encode_sft(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example], prompt_len: int,
@@ -53,6 +77,14 @@ def encode_sft(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example], 
   """Prompts with their reference summaries as responses."""
   return {**encode_prompts(tok, examples, prompt_len),
           **encode_responses(tok, [e.reference for e in examples], response_len)}
+
+
+def prompt_and(batch: Mapping[str, Any], response: str = "response") -> tuple[jax.Array, jax.Array]:
+  """Tokens and mask of the left-padded prompt followed by the right-padded `response` field
+  (traceable, for use inside jitted steps)."""
+  tokens = jnp.concatenate([batch["prompt"], batch[response]], axis=1)
+  mask = jnp.concatenate([batch["prompt_mask"], batch[f"{response}_mask"]], axis=1)
+  return tokens, mask
 
 
 def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:

@@ -357,12 +357,17 @@ def _replace_word(text: str, old: str, new: str) -> str:
   return re.sub(rf"\b{re.escape(old)}\b", new, text, count=1)
 
 
+def reverse_roles(example: Example) -> str:
+  """The reference with the two parties' age/gender tags swapped."""
+  s = example.situation
+  a, b = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
+  return example.reference.replace(a, "\0").replace(b, a).replace("\0", b)
+
+
 def shuffle_facts(example: Example, rng: np.random.Generator) -> str:
   """The reference with facts mixed up: the two parties' ages swapped and an event replaced."""
   s = example.situation
-  ref = example.reference
-  a, b = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
-  ref = ref.replace(a, "\0").replace(b, a).replace("\0", b)
+  ref = reverse_roles(example)
   pool = [e for e, spec in EVENTS.items() if s.category in spec[0] and e not in s.events]
   other = pool[rng.integers(len(pool))]
   old = _fill(EVENTS[s.events[-1]][1], s.other_gender)

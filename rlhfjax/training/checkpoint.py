@@ -62,3 +62,30 @@ class Checkpointer:
   def close(self) -> None:
     self._mgr.wait_until_finished()
     self._mgr.close()
+
+
+def latest_step(directory: str) -> int | None:
+  """The latest complete checkpoint step under `directory`, or None (also when it does not exist)."""
+  if not os.path.isdir(directory):
+    return None
+  ckpt = Checkpointer(directory, 0)
+  try:
+    return ckpt.latest_step()
+  finally:
+    ckpt.close()
+
+
+def restore_finished(directory: str, template: Any, steps: int, task: str) -> tuple[Any, dict]:
+  """The state and meta a finished run saved at step `steps`, restored into `template`'s structure
+  (abstract arrays are fine), with an error saying which task to run when it is not there."""
+  latest = latest_step(directory)
+  if latest is None:
+    raise FileNotFoundError(f"no checkpoint in {directory}: run task={task} first")
+  if latest != steps:
+    raise FileNotFoundError(f"{directory} stops at step {latest} of {steps}: rerun task={task} "
+                            "to finish it")
+  ckpt = Checkpointer(directory, 0)
+  try:
+    return ckpt.restore(template, steps)
+  finally:
+    ckpt.close()

@@ -1,0 +1,347 @@
+"""Reward model (task=rm): a Bradley–Terry model of pairwise preferences, initialised from SFT.
+
+The model is the SFT decoder with a scalar head read at the last real token of prompt + response
+(the response's eos when it ended). For a comparison with chosen response c and rejected r,
+
+  loss = -log sigmoid(r_θ(x, c) - r_θ(x, r)),
+
+averaged over the batch; one epoch by default (Stiennon et al. found more epochs overfit). After
+training, the head's bias (and, with `normalize_std`, its gain) is shifted so that the reference
+summaries (or the SFT samples) of the PREF posts score mean 0 (std 1): the normalised model is saved
+in `<workdir>/rm/model` with the offsets in its metadata, and every later stage reads rewards from it.
+
+Reported: train/val accuracy on the (noisy) labels it was trained on, accuracy against the noiseless
+evaluation pool and against the gold argmax (gold ties excluded), the mean margin, the length-only
+heuristic beside it, the probe table and the agreement table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhfjax.algorithms import sft
+from rlhfjax.data import pipeline
+from rlhfjax.data import world
+from rlhfjax.errors import ConfigError
+from rlhfjax.evaluation import agreement
+from rlhfjax.evaluation import rm_probes
+from rlhfjax.evaluation import summaries
+from rlhfjax.feedback import annotators
+from rlhfjax.feedback import records
+from rlhfjax.models import heads
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import loop
+from rlhfjax.training import metrics as metrics_lib
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+NORMALIZE = ("reference", "sft", "none")
+
+
+def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.Array]:
+  """Mean Bradley–Terry loss `-log σ(r_c - r_r)`, accuracy (r_c > r_r) and mean margin."""
+  margin = r_chosen - r_rejected
+  return {"loss": -jax.nn.log_sigmoid(margin).mean(),
+          "accuracy": (margin > 0).astype(jnp.float32).mean(), "margin": margin.mean()}
+
+
+def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "response") -> jax.Array:
+  """The reward [B] of `batch[response]` after `batch['prompt']`, read at the last real token."""
+  tokens, mask = pipeline.prompt_and(batch, response)
+  return heads.reward(params, tokens, mask, cfg)
+
+
+def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
+               tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One AdamW step on the Bradley–Terry loss; chosen and rejected share one forward pass."""
+  both = {"prompt": jnp.concatenate([batch["prompt"]] * 2),
+          "prompt_mask": jnp.concatenate([batch["prompt_mask"]] * 2),
+          "response": jnp.concatenate([batch["chosen"], batch["rejected"]]),
+          "response_mask": jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])}
+  n = batch["prompt"].shape[0]
+
+  def loss_fn(params):
+    r = score(params, both, cfg)
+    out = bradley_terry(r[:n], r[n:])
+    return out["loss"], out
+
+  (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  state = state.apply_gradients(grads, tx)
+  return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
+
+
+_score_fn = jax.jit(score, static_argnames=("cfg", "response"))
+
+
+def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | world.Example],
+                texts: Sequence[str]) -> np.ndarray:
+  """Rewards of `texts` as summaries of `posts`, in fixed-shape batches."""
+  fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
+  data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
+          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
+  out = [np.asarray(_score_fn(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
+  return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+
+def comparison_files(exp: experiment.Experiment) -> dict[str, str]:
+  """The train and validation comparison files: `rm.train_file`/`rm.valid_file`, or task=label's."""
+  c = exp.config.rm
+  return {"train": c.train_file or os.path.join(exp.workdir, "label", "train.jsonl"),
+          "valid": c.valid_file or os.path.join(exp.workdir, "label", "valid.jsonl")}
+
+
+def _load_comparisons(path: str, layout: str) -> list[records.Comparison]:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
+                            "rm.train_file / rm.valid_file)")
+  comps, problems = records.read(path, layout)
+  for p in problems[:5]:
+    metrics_lib.info(f"skipping malformed comparison: {p}")
+  if len(problems) > 5:
+    metrics_lib.info(f"... and {len(problems) - 5} more malformed lines in {path}")
+  if not comps:
+    raise ConfigError(f"{path} holds no usable comparisons")
+  return comps
+
+
+def init_params(exp: experiment.Experiment, sft_params: Any) -> dict:
+  """SFT backbone with a fresh scalar head (std 1/sqrt(d_model + 1))."""
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), 3)
+  return {"backbone": sft_params, "head": heads.init_scalar_head(key, exp.model.d_model)}
+
+
+def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
+  """What determines the trained reward model; resuming under other values is refused."""
+  skip = ("log_every", "eval_every", "eval_batch_size", "probe_examples", "bootstrap")
+  return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
+          "rm": {k: v for k, v in exp.config.rm.items() if k not in skip}, "files": files}
+
+
+def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
+          val_comps: Sequence[records.Comparison], meta: dict) -> TrainState:
+  """Trains (or resumes) the reward model in `<workdir>/rm/checkpoints`."""
+  config, c, fmt = exp.config, exp.config.rm, exp.config.format
+  data = pipeline.encode_comparisons(exp.tokenizer, train_comps, fmt.prompt_len, fmt.response_len)
+  val = pipeline.encode_comparisons(exp.tokenizer, val_comps, fmt.prompt_len, fmt.response_len)
+  steps = int(c.epochs * len(train_comps)) // c.batch_size
+  if steps <= 0:
+    raise ConfigError(f"rm.batch_size ({c.batch_size}) exceeds rm.epochs x {len(train_comps)} pairs")
+  tx = optimizer.adamw(c, steps)
+  state = TrainState.create(init_params(exp, sft_params), tx)
+  step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
+
+  def validate(params) -> dict[str, float]:
+    rc, rr = (np.concatenate([np.asarray(_score_fn(params, b, exp.model, r))[:n]
+                              for b, n in pipeline.fixed_batches(val, c.eval_batch_size)])
+              for r in ("chosen", "rejected"))
+    return {f"val/{k}": float(v) for k, v in bradley_terry(rc, rr).items()}
+
+  task_dir = exp.task_dir("rm")
+  ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
+                                 config.checkpoint.keep)
+  writer = metrics_lib.MetricWriter(task_dir, "metrics")
+  state = loop.restore_if_any(ckpt, state, meta)
+
+  def one_step(state, step):
+    idx = pipeline.batch_indices(len(train_comps), c.batch_size, config.seed, step)
+    return step_fn(state, pipeline.take(data, idx))
+
+  def periodic(state, done, m) -> dict[str, float]:
+    out = {}
+    if done % c.log_every == 0 or done == steps:
+      out.update({k: float(v) for k, v in m.items()})
+    if done % c.eval_every == 0 or done == steps:
+      out.update(validate(state.params))
+      metrics_lib.info(f"rm step {done}: train loss {float(m['train/loss']):.3f}  val loss "
+                       f"{out['val/loss']:.3f}  val accuracy {out['val/accuracy']:.3f}")
+    return out
+
+  state = loop.run(state, steps, one_step, periodic, ckpt, writer,
+                   2 * c.batch_size * (fmt.prompt_len + fmt.response_len), "rm", meta)
+  writer.close()
+  ckpt.close()
+  return state
+
+
+def normalize(params: dict, scores: np.ndarray, with_std: bool) -> tuple[dict, dict[str, float]]:
+  """Folds `(r - mean) / std` (std only `with_std`) of `scores` into the head; returns the new
+  params and the offsets applied."""
+  mean = float(np.mean(scores))
+  gain = 1.0 / float(np.std(scores)) if with_std else 1.0
+  head = {"kernel": params["head"]["kernel"] * gain,
+          "bias": (params["head"]["bias"] - mean) * gain}
+  return {**params, "head": head}, {"mean": mean, "gain": gain, "count": int(len(scores))}
+
+
+def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparison]):
+  """(posts, texts) the normalisation is computed on."""
+  c = exp.config.rm
+  if c.normalize == "reference":
+    examples = exp.splits["pref"][:c.norm_examples]
+    return examples, [e.reference for e in examples]
+  if c.normalize == "sft":
+    comps = list(train_comps[:c.norm_examples])
+    return pipeline.posts_of(comps), [x.response_a for x in comps]
+  raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
+
+
+def _model_template(exp: experiment.Experiment) -> dict:
+  return jax.eval_shape(lambda: heads.init(jax.random.key(0), exp.model))
+
+
+def load(exp: experiment.Experiment) -> tuple[dict, dict]:
+  """The normalised reward model of `<workdir>/rm/model` and its metadata."""
+  return checkpoint.restore_finished(f"{exp.workdir}/rm/model", _model_template(exp), 1, "rm")
+
+
+def annotator(exp: experiment.Experiment, params: dict | None = None) -> annotators.Annotator:
+  """The reward model as an annotator (the workdir's unless `params` are given)."""
+  params = load(exp)[0] if params is None else params
+  return annotators.RewardModelAnnotator(
+      "rm", lambda examples, texts: score_texts(params, exp, examples, texts))
+
+
+def fit(exp: experiment.Experiment) -> tuple[dict, dict, list[records.Comparison]]:
+  """Trains and normalises the reward model unless `<workdir>/rm/model` already holds it."""
+  c = exp.config.rm
+  if c.normalize not in NORMALIZE:
+    raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
+  files = comparison_files(exp)
+  val_comps = _load_comparisons(files["valid"], c.layout)
+  meta = _meta(exp, files)
+  model_dir = f"{exp.workdir}/rm/model"
+  if checkpoint.latest_step(model_dir) == 1:
+    params, stored = load(exp)
+    if {k: stored.get(k) for k in meta} != meta:
+      raise ConfigError(f"{model_dir} holds a reward model trained under another configuration; "
+                        "use a new --workdir or restore the old settings")
+    metrics_lib.info(f"reward model already trained: {model_dir}")
+    return params, stored, val_comps
+  train_comps = _load_comparisons(files["train"], c.layout)
+  sft_params = sft.load_policy(exp)
+  state = train(exp, sft_params, train_comps, val_comps, meta)
+  params, norm = state.params, {"mean": 0.0, "gain": 1.0, "count": 0}
+  if c.normalize != "none":
+    posts, texts = _norm_set(exp, train_comps)
+    params, norm = normalize(params, score_texts(params, exp, posts, texts), c.normalize_std)
+  meta = {**meta, "normalization": {"target": c.normalize, **norm}}
+  ckpt = checkpoint.Checkpointer(model_dir, 0, keep=1)
+  ckpt.save(1, params, meta)
+  ckpt.close()
+  return params, meta, val_comps
+
+
+def _examples_of(exp: experiment.Experiment,
+                 comps: Sequence[records.Comparison]) -> list[world.Example] | None:
+  """The simulated examples behind the comparisons, or None when any is not from this world."""
+  by_id = {e.id: e for split in exp.splits.values() for e in split}
+  found = [by_id.get(c.id) for c in comps]
+  return None if any(e is None for e in found) else found
+
+
+def evaluate(exp: experiment.Experiment, params: dict, val_comps: Sequence[records.Comparison],
+             sft_params: Any) -> dict[str, Any]:
+  """Accuracies, the probe table and the agreement table on the validation pairs."""
+  c = exp.config.rm
+  a = [x.response_a for x in val_comps]
+  b = [x.response_b for x in val_comps]
+  posts = pipeline.posts_of(val_comps)
+  sa, sb = score_texts(params, exp, posts, a), score_texts(params, exp, posts, b)
+  rm_pref = agreement.prefer_higher(sa, sb)
+  labels = np.array([x.choice for x in val_comps], np.float64)
+  margin = np.where(labels == 1, sb - sa, sa - sb)
+  report: dict[str, Any] = {"pairs": len(val_comps), "accuracy": agreement.agreement(rm_pref, labels),
+                            "margin": float(margin.mean())}
+  examples = _examples_of(exp, val_comps)
+  if examples is None:
+    metrics_lib.info("validation pairs are not from the simulated world: gold metrics skipped")
+    return report
+  rng = np.random.default_rng([exp.config.seed, 5])
+  pools = annotators.pools(exp.config.annotators)
+  gold_pref = agreement.gold_preference(examples, a, b)
+  eval_labels = pools["eval_pool"].annotate(examples, a, b, rng)
+  length = agreement.length_preference(a, b)
+  report.update({
+      "accuracy_eval_pool": agreement.agreement(rm_pref, eval_labels),
+      "accuracy_gold": agreement.accuracy_against(rm_pref, gold_pref),
+      "gold_ties": float(np.mean(gold_pref == 0.5)),
+      "length_accuracy_gold": agreement.accuracy_against(length, gold_pref),
+      "labels_accuracy_gold": agreement.accuracy_against(labels, gold_pref)})
+
+  sft_logp = sft_log_probs(sft_params, exp, posts, a + b)
+  prefs = {"train pool": labels, "eval pool": eval_labels,
+           "single": pools["single"].annotate(examples, a, b, rng), "gold": gold_pref,
+           "RM": rm_pref, "length": length,
+           "copying": agreement.prefer_higher(*(
+               [agreement.copying(t, x.prompt) for t, x in zip(texts, val_comps)] for texts in (a, b))),
+           "ROUGE-L": agreement.prefer_higher(*(
+               summaries.rouge_l(texts, [e.reference for e in examples]) for texts in (a, b))),
+           "SFT log p": agreement.prefer_higher(sft_logp[:len(a)], sft_logp[len(a):])}
+  mean, se = agreement.agreement_matrix(prefs, rng, c.bootstrap)
+  report["agreement"] = {"names": list(prefs), "mean": mean.tolist(), "se": se.tolist()}
+
+  probe_examples = exp.splits["test"][:c.probe_examples]
+  report["probes"] = rm_probes.probe_table(
+      lambda ex, texts: score_texts(params, exp, ex, texts), probe_examples, rng)
+  return report
+
+
+_logp_fn = jax.jit(sft.response_logprobs, static_argnames="cfg")
+
+
+def sft_log_probs(params: Any, exp: experiment.Experiment, posts: Sequence[pipeline.Post],
+                  texts: Sequence[str]) -> np.ndarray:
+  """Total log-probability of each of `texts` under the SFT policy; `texts` holds one or more
+  responses per post, in blocks of `len(posts)`."""
+  fmt = exp.config.format
+  data = {**pipeline.encode_prompts(exp.tokenizer, list(posts) * (len(texts) // len(posts)),
+                                    fmt.prompt_len),
+          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
+  out = [np.asarray(_logp_fn(params, b, exp.model)).sum(-1)[:k]
+         for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size)]
+  return np.concatenate(out)
+
+
+def format_report(report: dict[str, Any]) -> str:
+  lines = [f"Reward model on {report['pairs']} held-out pairs:",
+           f"- accuracy on the training pool's (flipped) labels: {100 * report['accuracy']:.1f}%"]
+  if "accuracy_gold" in report:
+    lines += [
+        f"- accuracy on the evaluation pool's (noiseless) labels: "
+        f"{100 * report['accuracy_eval_pool']:.1f}%",
+        f"- agreement with the gold argmax: {100 * report['accuracy_gold']:.1f}% (length-only "
+        f"heuristic: {100 * report['length_accuracy_gold']:.1f}%; the training labels themselves: "
+        f"{100 * report['labels_accuracy_gold']:.1f}%; gold ties excluded, "
+        f"{100 * report['gold_ties']:.0f}% of pairs)"]
+  lines.append(f"- mean margin (chosen - rejected): {report['margin']:.3f}")
+  if "probes" in report:
+    lines += ["", "Probes (Stiennon et al. Table 18):", rm_probes.format_table(report["probes"])]
+  if "agreement" in report:
+    a = report["agreement"]
+    lines += ["", "Agreement between labelers in % ± bootstrap s.e. (Stiennon et al. Table 20):",
+              agreement.format_matrix(a["names"], np.array(a["mean"]), np.array(a["se"]))]
+  return "\n".join(lines)
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+  exp = experiment.prepare(config, workdir)
+  params, meta, val_comps = fit(exp)
+  report = evaluate(exp, params, val_comps, sft.load_policy(exp))
+  report["normalization"] = meta["normalization"]
+  text = format_report(report)
+  metrics_lib.info("\n" + text)
+  task_dir = exp.task_dir("rm")
+  experiment.write_json(f"{task_dir}/eval.json", report)
+  experiment.write_text(f"{task_dir}/eval.md", text + "\n")
+  return report

@@ -1,0 +1,105 @@
+"""How far labelers agree: the quality of an annotator pool (AlpacaFarm) and the pairwise agreement
+table between annotators, gold, the reward model and simple heuristics (Stiennon et al., Table 20).
+
+A preference over a pair (a, b) is a number in {0, 0.5, 1}: 0 prefers a, 1 prefers b, 0.5 is a tie.
+Two preferences agree with probability `1 - |p - q|`, so a tie agrees half the time, as a coin flip
+would.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from rlhfjax.data import gold
+from rlhfjax.data import world
+
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def prefer_higher(score_a: np.ndarray, score_b: np.ndarray) -> np.ndarray:
+  """The preference of a labeler that picks the higher score (0.5 on ties)."""
+  score_a, score_b = np.asarray(score_a), np.asarray(score_b)
+  return np.where(score_b > score_a, 1.0, np.where(score_b < score_a, 0.0, 0.5))
+
+
+def _lcs(x: Sequence, y: Sequence) -> int:
+  row = [0] * (len(y) + 1)
+  for xi in x:
+    prev_diag = 0
+    for j, yj in enumerate(y, start=1):
+      prev_diag, row[j] = row[j], prev_diag + 1 if xi == yj else max(row[j], row[j - 1])
+  return row[-1]
+
+
+def copying(summary: str, post: str) -> float:
+  """Longest common subsequence of word bigrams with the post, over the summary's bigram count."""
+  s, p = _WORD.findall(summary.lower()), _WORD.findall(post.lower())
+  sb, pb = list(zip(s, s[1:])), list(zip(p, p[1:]))
+  return _lcs(sb, pb) / len(sb) if sb else 0.0
+
+
+def agreement(p: np.ndarray, q: np.ndarray) -> float:
+  return float(np.mean(1.0 - np.abs(np.asarray(p) - np.asarray(q))))
+
+
+def agreement_matrix(prefs: Mapping[str, np.ndarray], rng: np.random.Generator,
+                     n_boot: int = 200) -> tuple[np.ndarray, np.ndarray]:
+  """Mean pairwise agreement [K, K] between the labelers in `prefs` and its bootstrap standard
+  error (pairs resampled with replacement)."""
+  p = np.stack([np.asarray(v, np.float64) for v in prefs.values()])  # [K, N]
+  agree = 1.0 - np.abs(p[:, None, :] - p[None, :, :])  # [K, K, N]
+  idx = rng.integers(p.shape[1], size=(n_boot, p.shape[1]))
+  boot = np.stack([agree[:, :, i].mean(-1) for i in idx])  # [B, K, K]
+  return agree.mean(-1), boot.std(0, ddof=1)
+
+
+def format_matrix(names: Sequence[str], mean: np.ndarray, se: np.ndarray) -> str:
+  """Markdown: agreement in % ± standard error."""
+  lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+  for i, name in enumerate(names):
+    cells = [f"{100 * mean[i, j]:.0f} ± {100 * se[i, j]:.1f}" for j in range(len(names))]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def gold_preference(examples: Sequence[world.Example], a: Sequence[str],
+                    b: Sequence[str]) -> np.ndarray:
+  return prefer_higher(gold.gold_rewards(examples, a), gold.gold_rewards(examples, b))
+
+
+def length_preference(a: Sequence[str], b: Sequence[str]) -> np.ndarray:
+  """Prefers the longer response (in words)."""
+  return prefer_higher([len(t.split()) for t in a], [len(t.split()) for t in b])
+
+
+def accuracy_against(choices: np.ndarray, target: np.ndarray) -> float:
+  """Share of `choices` (0/1 or preferences) that match `target` preferences, ties in `target`
+  excluded."""
+  keep = target != 0.5
+  return agreement(np.asarray(choices)[keep], target[keep]) if keep.any() else float("nan")
+
+
+def annotator_report(annotator, examples: Sequence[world.Example], a: Sequence[str],
+                     b: Sequence[str], rng: np.random.Generator, draws: int = 4) -> dict[str, float]:
+  """AlpacaFarm's view of an annotator on these pairs: agreement with the gold argmax (gold ties
+  excluded), variance (how often a held-out annotation disagrees with the majority of `draws - 1`
+  others), and how often it prefers the longer response (equal lengths excluded)."""
+  labels = [annotator.annotate(examples, a, b, rng) for _ in range(draws)]
+  majority = (np.mean(labels[1:], axis=0) > 0.5).astype(np.int32)
+  longer = length_preference(a, b)
+  return {"gold_agreement": accuracy_against(labels[0], gold_preference(examples, a, b)),
+          "variance": float(np.mean(labels[0] != majority)),
+          "prefers_longer": accuracy_against(labels[0], longer),
+          "pairs": float(len(a))}
+
+
+def format_reports(reports: Mapping[str, Mapping[str, float]]) -> str:
+  lines = ["| annotator | agreement with gold | variance | prefers longer | pairs |",
+           "|---|---|---|---|---|"]
+  for name, r in reports.items():
+    lines.append(f"| {name} | {100 * r['gold_agreement']:.1f}% | {100 * r['variance']:.1f}% "
+                 f"| {100 * r['prefers_longer']:.1f}% | {int(r['pairs'])} |")
+  return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""Reward model: the Bradley–Terry loss by hand, the score read at the last real token, normalisation,
+training that learns, and the SFT -> label -> RM pipeline with its outputs and reruns."""
+
+import functools
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhfjax import main
+from rlhfjax.algorithms import reward_model
+from rlhfjax.errors import ConfigError
+from rlhfjax.feedback import records
+from rlhfjax.models import heads
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32, max_len=24)
+PARAMS = heads.init(jax.random.key(0), CFG)
+
+
+def test_bradley_terry_hand_computed():
+  out = reward_model.bradley_terry(jnp.array([1.0, -0.5, 2.0]), jnp.array([0.0, 0.5, 2.0]))
+  # Margins 1, -1, 0: losses log(1 + e^-1), log(1 + e), log 2.
+  expected = (math.log1p(math.exp(-1)) + math.log1p(math.e) + math.log(2)) / 3
+  assert float(out["loss"]) == pytest.approx(expected, rel=1e-6)
+  assert float(out["accuracy"]) == pytest.approx(1 / 3)
+  assert float(out["margin"]) == pytest.approx(0.0, abs=1e-7)
+
+
+def _batch(prompt, response, prompt_len, response_len):
+  """One row: `prompt` left-padded to prompt_len, `response` right-padded to response_len."""
+  p = np.zeros((1, prompt_len), np.int32)
+  pm = np.zeros((1, prompt_len), bool)
+  p[0, prompt_len - len(prompt):], pm[0, prompt_len - len(prompt):] = prompt, True
+  r = np.full((1, response_len), 7, np.int32)  # Padding with a real-looking id: it must not count.
+  rm = np.zeros((1, response_len), bool)
+  r[0, :len(response)], rm[0, :len(response)] = response, True
+  return {"prompt": p, "prompt_mask": pm, "response": r, "response_mask": rm}
+
+
+def test_reward_read_at_last_real_token_whatever_the_padding():
+  prompt, response = [5, 9, 4], [12, 13, 1]
+  scores = [float(reward_model.score(PARAMS, _batch(prompt, response, pl, rl), CFG)[0])
+            for pl, rl in ((3, 3), (6, 3), (3, 8), (8, 9))]
+  np.testing.assert_allclose(scores, scores[0], rtol=1e-5)
+  # It is the per-token value at the eos, and differs from the value one token earlier.
+  b = _batch(prompt, response, 6, 5)
+  tokens = np.concatenate([b["prompt"], b["response"]], 1)
+  mask = np.concatenate([b["prompt_mask"], b["response_mask"]], 1)
+  v = heads.values(PARAMS, tokens, mask, CFG)[0]
+  assert int(heads.last_token_index(mask)[0]) == 8
+  assert float(v[8]) == pytest.approx(scores[0], rel=1e-5)
+  assert abs(float(v[7]) - scores[0]) > 1e-4
+
+
+def test_normalisation_gives_mean_zero_on_the_chosen_set():
+  rng = np.random.default_rng(0)
+  batch = {"prompt": rng.integers(4, 32, (16, 6)).astype(np.int32), "prompt_mask": np.ones((16, 6), bool),
+           "response": rng.integers(4, 32, (16, 5)).astype(np.int32),
+           "response_mask": np.arange(5)[None] < rng.integers(1, 6, (16, 1))}
+  raw = np.asarray(reward_model.score(PARAMS, batch, CFG))
+  for with_std in (False, True):
+    params, norm = reward_model.normalize(PARAMS, raw, with_std)
+    after = np.asarray(reward_model.score(params, batch, CFG))
+    assert abs(after.mean()) < 1e-5 and norm["mean"] == pytest.approx(raw.mean(), rel=1e-6)
+    np.testing.assert_allclose(after, (raw - raw.mean()) * norm["gain"], atol=1e-5)
+    if with_std:
+      assert after.std() == pytest.approx(1.0, rel=1e-4)
+
+
+def test_train_step_learns_a_preference():
+  """Chosen responses end with token 20, rejected ones with 21: a few steps must separate them."""
+  rng = np.random.default_rng(1)
+  n = 16
+  prompt = rng.integers(4, 32, (n, 6)).astype(np.int32)
+  body = rng.integers(4, 20, (n, 4)).astype(np.int32)
+  mask = np.ones((n, 5), bool)
+  batch = {"prompt": prompt, "prompt_mask": np.ones((n, 6), bool),
+           "chosen": np.concatenate([body, np.full((n, 1), 20, np.int32)], 1), "chosen_mask": mask,
+           "rejected": np.concatenate([body, np.full((n, 1), 21, np.int32)], 1), "rejected_mask": mask}
+  tx = optimizer.adamw(dict(lr=3e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9,
+                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0), 30)
+  step = jax.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx))
+  state = TrainState.create(PARAMS, tx)
+  state, first = step(state, batch)
+  for _ in range(30):
+    state, m = step(state, batch)
+  assert float(m["train/loss"]) < 0.2 < float(first["train/loss"])
+  assert float(m["train/accuracy"]) == 1.0 and float(m["train/margin"]) > 1.0
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+  from conftest import load_config
+  config = load_config()
+  workdir = str(tmp_path_factory.mktemp("pipeline"))
+  report = main.run(config, workdir)
+  return config, workdir, report
+
+
+def test_pipeline_writes_comparisons_model_and_report(pipeline_run):
+  config, workdir, report = pipeline_run
+  train = records.read_strict(f"{workdir}/label/train.jsonl", "openai")
+  valid = records.read_strict(f"{workdir}/label/valid.jsonl", "openai")
+  assert len(train) == config.label.num_pairs and len(valid) == config.label.num_val_pairs
+  assert {c.split for c in train} == {"train"} and {c.annotator for c in train} == {"train_pool"}
+  assert all(c.id.startswith("sim-") and c.policy_a == "sft-t1" for c in train)
+  with open(f"{workdir}/label/annotators.json") as f:
+    pools = json.load(f)
+  assert pools["gold"]["gold_agreement"] == 1.0 and pools["gold"]["variance"] == 0.0
+  for key in ("accuracy", "accuracy_eval_pool", "accuracy_gold", "length_accuracy_gold", "margin"):
+    assert key in report, key
+  assert len(report["probes"]) == 8 and len(report["agreement"]["names"]) == 9
+  with open(f"{workdir}/rm/eval.json") as f:
+    assert json.load(f)["pairs"] == config.label.num_val_pairs
+
+
+def test_saved_reward_model_is_normalised_on_references(pipeline_run):
+  config, workdir, _ = pipeline_run
+  from rlhfjax.training import experiment
+  exp = experiment.prepare(config, workdir)
+  params, meta = reward_model.load(exp)
+  refs = exp.splits["pref"][:config.rm.norm_examples]
+  scores = reward_model.score_texts(params, exp, refs, [e.reference for e in refs])
+  assert abs(scores.mean()) < 1e-4
+  assert meta["normalization"]["target"] == "reference" and meta["normalization"]["count"] == len(refs)
+
+
+def test_rerun_reuses_and_refuses_changed_settings(pipeline_run):
+  config, workdir, report = pipeline_run
+  again = main.run(config, workdir)  # Everything exists: nothing is retrained or relabelled.
+  assert again["accuracy"] == report["accuracy"] and again["probes"] == report["probes"]
+  changed = config.copy_and_resolve_references()
+  changed.label.temperature = 0.7
+  with pytest.raises(ConfigError, match="label"):
+    main.run(changed, workdir)
+  changed = config.copy_and_resolve_references()
+  changed.rm.lr = 1e-2
+  changed.stages = "rm"
+  with pytest.raises(ConfigError, match="rm/model"):
+    main.run(changed, workdir)
+
+
+def test_rm_without_comparisons_names_the_task(tmp_path):
+  from conftest import load_config
+  config = load_config()
+  config.stages = "rm"
+  with pytest.raises(FileNotFoundError, match="task=label"):
+    main.run(config, str(tmp_path))
