@@ -20,11 +20,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = "runs/tldr_sim"
 
   # Data: the procedurally generated TL;DR world, AlpacaFarm-style splits (sizes in examples).
+  # reference_noise scales how often human references miss or add a detail (0: ideal references).
   c.data = dict(source="sim_tldr", seed=0, sft=12000, pref=8000, unlabeled=8000, validation=512,
-                test=512)
+                test=512, reference_noise=1.0)
 
-  # SentencePiece, trained on the SFT split's text unless `path` names a `.model` file.
-  c.tokenizer = dict(path="", vocab_size=1024, model_type="bpe", train_examples=4000)
+  # SentencePiece, trained on the SFT split's text unless `path` names a `.model` file. Pieces may
+  # mix digits and letters, so age tags like "(24F)" are single tokens that copy in one step.
+  c.tokenizer = dict(path="", vocab_size=1536, model_type="bpe", train_examples=4000,
+                     split_by_unicode_script=False)
 
   # Token budgets: the post is truncated at sentence boundaries to fit `prompt_len`.
   c.format = dict(prompt_len=128, response_len=48)
@@ -58,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Reward model: Bradley-Terry from the SFT checkpoint, one epoch; then scores are normalised so
   # that `normalize` ('reference' summaries | 'sft' samples | 'none') has mean 0 (and std 1 with
   # normalize_std). Comparison files default to task=label's output.
-  c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=1e-3,
+  c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=3e-4,
               warmup_steps=10, schedule="cosine", end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8,
               weight_decay=0.0, grad_clip=1.0, log_every=10, eval_every=50, eval_batch_size=64,
               normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
@@ -72,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if arg == "tiny":
     c.data.update(sft=256, pref=64, unlabeled=64, validation=32, test=32)
-    c.tokenizer.update(vocab_size=400, train_examples=256)
+    c.tokenizer.update(vocab_size=400, train_examples=256, split_by_unicode_script=True)
     c.format.update(response_len=32)
     c.model.update(d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, d_ff=64, max_len=160)
     c.sft.update(batch_size=8, steps=8, warmup_steps=2, log_every=2, eval_every=4, eval_batches=1)

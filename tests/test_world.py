@@ -9,7 +9,7 @@ import pytest
 from rlhfjax.data import gold
 from rlhfjax.data import world
 
-EXAMPLES = world.generate(seed=7, start=0, count=300)
+EXAMPLES = world.generate(seed=7, start=0, count=300, reference_noise=0.0)  # Ideal references.
 
 
 def _gold(texts):
@@ -17,10 +17,12 @@ def _gold(texts):
 
 
 REFERENCE = _gold([e.reference for e in EXAMPLES])
+HUMAN = world.generate(seed=7, start=0, count=300)  # References as people write them.
 
 
 def test_determinism_and_slices():
-  assert world.generate(7, 0, 20) == EXAMPLES[:20]
+  assert world.generate(7, 0, 20, reference_noise=0.0) == EXAMPLES[:20]
+  assert world.generate(7, 3, 5) == HUMAN[3:8]
   assert world.generate(7, 5, 3) == world.generate(7, 0, 8)[5:8]
   assert [e.post for e in world.generate(8, 0, 20)] != [e.post for e in EXAMPLES[:20]]
 
@@ -53,6 +55,18 @@ def test_generation_is_fast():
 
 def test_reference_is_near_perfect():
   assert REFERENCE.mean() >= 0.95
+  assert _gold([world.ideal_reference(e) for e in HUMAN]).mean() >= 0.95
+
+
+def test_human_references_vary_in_quality():
+  """The same posts; people's references miss details or add one, so they score lower and vary."""
+  assert [e.post for e in HUMAN] == [e.post for e in EXAMPLES]
+  human = _gold([e.reference for e in HUMAN])
+  assert 0.8 < human.mean() < 0.95 and 0.2 < np.mean(human >= 0.999) < 0.5
+  lead2 = _gold([world.extractive_baselines(e)["lead2"] for e in EXAMPLES])
+  assert human.mean() - lead2.mean() >= 0.3
+  omitted = sum(e.situation.feeling not in e.reference for e in HUMAN) / len(HUMAN)
+  assert abs(omitted - world.HUMAN_NOISE["feeling"]) < 0.08
 
 
 @pytest.mark.parametrize("corrupt", [

@@ -212,12 +212,11 @@ def annotator(exp: experiment.Experiment, params: dict | None = None) -> annotat
       "rm", lambda examples, texts: score_texts(params, exp, examples, texts))
 
 
-def fit(exp: experiment.Experiment) -> tuple[dict, dict, list[records.Comparison]]:
+def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   """Trains and normalises the reward model unless `<workdir>/rm/model` already holds it."""
   c = exp.config.rm
   if c.normalize not in NORMALIZE:
     raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
-  files = comparison_files(exp)
   val_comps = _load_comparisons(files["valid"], c.layout)
   meta = _meta(exp, files)
   model_dir = f"{exp.workdir}/rm/model"
@@ -227,7 +226,7 @@ def fit(exp: experiment.Experiment) -> tuple[dict, dict, list[records.Comparison
       raise ConfigError(f"{model_dir} holds a reward model trained under another configuration; "
                         "use a new --workdir or restore the old settings")
     metrics_lib.info(f"reward model already trained: {model_dir}")
-    return params, stored, val_comps
+    return params, stored
   train_comps = _load_comparisons(files["train"], c.layout)
   sft_params = sft.load_policy(exp)
   state = train(exp, sft_params, train_comps, val_comps, meta)
@@ -239,7 +238,7 @@ def fit(exp: experiment.Experiment) -> tuple[dict, dict, list[records.Comparison
   ckpt = checkpoint.Checkpointer(model_dir, 0, keep=1)
   ckpt.save(1, params, meta)
   ckpt.close()
-  return params, meta, val_comps
+  return params, meta
 
 
 def _examples_of(exp: experiment.Experiment,
@@ -250,18 +249,31 @@ def _examples_of(exp: experiment.Experiment,
   return None if any(e is None for e in found) else found
 
 
-def evaluate(exp: experiment.Experiment, params: dict, val_comps: Sequence[records.Comparison],
+def _judge(params: dict, exp: experiment.Experiment,
+           comps: Sequence[records.Comparison]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The reward model's preference (0 prefers response_a, 1 response_b, 0.5 tie) on `comps`, and
+  its margin for each comparison's labelled choice."""
+  posts = pipeline.posts_of(comps)
+  sa = score_texts(params, exp, posts, [x.response_a for x in comps])
+  sb = score_texts(params, exp, posts, [x.response_b for x in comps])
+  labels = np.array([x.choice for x in comps])
+  return agreement.prefer_higher(sa, sb), labels, np.where(labels == 1, sb - sa, sa - sb)
+
+
+def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
+  val_comps = _load_comparisons(files["valid"], c.layout)
+  # Training accuracy on as many training pairs as there are held-out ones.
+  train_pref, train_labels, _ = _judge(
+      params, exp, _load_comparisons(files["train"], c.layout)[:len(val_comps)])
+  rm_pref, labels, margin = _judge(params, exp, val_comps)
   a = [x.response_a for x in val_comps]
   b = [x.response_b for x in val_comps]
-  posts = pipeline.posts_of(val_comps)
-  sa, sb = score_texts(params, exp, posts, a), score_texts(params, exp, posts, b)
-  rm_pref = agreement.prefer_higher(sa, sb)
-  labels = np.array([x.choice for x in val_comps], np.float64)
-  margin = np.where(labels == 1, sb - sa, sa - sb)
-  report: dict[str, Any] = {"pairs": len(val_comps), "accuracy": agreement.agreement(rm_pref, labels),
+  report: dict[str, Any] = {"pairs": len(val_comps),
+                            "train_accuracy": agreement.agreement(train_pref, train_labels),
+                            "accuracy": agreement.agreement(rm_pref, labels),
                             "margin": float(margin.mean())}
   examples = _examples_of(exp, val_comps)
   if examples is None:
@@ -271,23 +283,17 @@ def evaluate(exp: experiment.Experiment, params: dict, val_comps: Sequence[recor
   pools = annotators.pools(exp.config.annotators)
   gold_pref = agreement.gold_preference(examples, a, b)
   eval_labels = pools["eval_pool"].annotate(examples, a, b, rng)
-  length = agreement.length_preference(a, b)
   report.update({
       "accuracy_eval_pool": agreement.agreement(rm_pref, eval_labels),
       "accuracy_gold": agreement.accuracy_against(rm_pref, gold_pref),
       "gold_ties": float(np.mean(gold_pref == 0.5)),
-      "length_accuracy_gold": agreement.accuracy_against(length, gold_pref),
+      "length_accuracy_gold": agreement.accuracy_against(agreement.length_preference(a, b),
+                                                         gold_pref),
       "labels_accuracy_gold": agreement.accuracy_against(labels, gold_pref)})
 
-  sft_logp = sft_log_probs(sft_params, exp, posts, a + b)
   prefs = {"train pool": labels, "eval pool": eval_labels,
            "single": pools["single"].annotate(examples, a, b, rng), "gold": gold_pref,
-           "RM": rm_pref, "length": length,
-           "copying": agreement.prefer_higher(*(
-               [agreement.copying(t, x.prompt) for t, x in zip(texts, val_comps)] for texts in (a, b))),
-           "ROUGE-L": agreement.prefer_higher(*(
-               summaries.rouge_l(texts, [e.reference for e in examples]) for texts in (a, b))),
-           "SFT log p": agreement.prefer_higher(sft_logp[:len(a)], sft_logp[len(a):])}
+           "RM": rm_pref, **heuristic_preferences(exp, sft_params, examples, a, b)}
   mean, se = agreement.agreement_matrix(prefs, rng, c.bootstrap)
   report["agreement"] = {"names": list(prefs), "mean": mean.tolist(), "se": se.tolist()}
 
@@ -297,11 +303,25 @@ def evaluate(exp: experiment.Experiment, params: dict, val_comps: Sequence[recor
   return report
 
 
+def heuristic_preferences(exp: experiment.Experiment, sft_params: Any,
+                          examples: Sequence[world.Example], a: Sequence[str],
+                          b: Sequence[str]) -> dict[str, np.ndarray]:
+  """Preferences of the heuristics in Stiennon et al.'s Table 20: the longer summary, the one that
+  copies more of the post, the higher ROUGE-L against the reference, the higher SFT log-probability."""
+  logp = sft_log_probs(sft_params, exp, examples, list(a) + list(b))
+  refs = [e.reference for e in examples]
+  return {"length": agreement.length_preference(a, b),
+          "copying": agreement.prefer_higher(*([agreement.copying(t, e.post) for t, e in
+                                                zip(texts, examples)] for texts in (a, b))),
+          "ROUGE-L": agreement.prefer_higher(summaries.rouge_l(a, refs), summaries.rouge_l(b, refs)),
+          "SFT log p": agreement.prefer_higher(logp[:len(a)], logp[len(a):])}
+
+
 _logp_fn = jax.jit(sft.response_logprobs, static_argnames="cfg")
 
 
-def sft_log_probs(params: Any, exp: experiment.Experiment, posts: Sequence[pipeline.Post],
-                  texts: Sequence[str]) -> np.ndarray:
+def sft_log_probs(params: Any, exp: experiment.Experiment,
+                  posts: Sequence[pipeline.Post | world.Example], texts: Sequence[str]) -> np.ndarray:
   """Total log-probability of each of `texts` under the SFT policy; `texts` holds one or more
   responses per post, in blocks of `len(posts)`."""
   fmt = exp.config.format
@@ -315,7 +335,9 @@ def sft_log_probs(params: Any, exp: experiment.Experiment, posts: Sequence[pipel
 
 def format_report(report: dict[str, Any]) -> str:
   lines = [f"Reward model on {report['pairs']} held-out pairs:",
-           f"- accuracy on the training pool's (flipped) labels: {100 * report['accuracy']:.1f}%"]
+           f"- accuracy on the labels it learns from (training pool, 25% flipped): "
+           f"{100 * report['accuracy']:.1f}% held out, {100 * report['train_accuracy']:.1f}% on "
+           "training pairs"]
   if "accuracy_gold" in report:
     lines += [
         f"- accuracy on the evaluation pool's (noiseless) labels: "
@@ -336,8 +358,9 @@ def format_report(report: dict[str, Any]) -> str:
 
 def run(config, workdir: str) -> dict[str, Any]:
   exp = experiment.prepare(config, workdir)
-  params, meta, val_comps = fit(exp)
-  report = evaluate(exp, params, val_comps, sft.load_policy(exp))
+  files = comparison_files(exp)
+  params, meta = fit(exp, files)
+  report = evaluate(exp, params, files, sft.load_policy(exp))
   report["normalization"] = meta["normalization"]
   text = format_report(report)
   metrics_lib.info("\n" + text)

@@ -87,6 +87,7 @@ def train(exp: experiment.Experiment) -> TrainState:
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   # What determines the trained parameters; resuming under other values is refused.
   meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
+          "data": config.data.to_dict(),
           "sft": {k: v for k, v in c.items() if k not in ("log_every", "eval_every", "eval_batches")}}
   state = loop.restore_if_any(ckpt, state, meta)
   tokens_per_step = c.batch_size * (plen + rlen)

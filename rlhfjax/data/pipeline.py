@@ -28,7 +28,7 @@ def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[world.Example]]:
   if cfg["source"] != "sim_tldr":
     raise ConfigError(f"data.source: unknown source {cfg['source']!r} (available: 'sim_tldr')")
   sizes = {k: int(cfg[k]) for k in ("sft", "pref", "unlabeled", "validation", "test")}
-  return world.make_splits(int(cfg["seed"]), sizes)
+  return world.make_splits(int(cfg["seed"]), sizes, float(cfg["reference_noise"]))
 
 
 def tokenizer_corpus(examples: Sequence[world.Example]) -> list[str]:

@@ -58,8 +58,13 @@ class Tokenizer:
     os.replace(tmp, path)
 
 
-def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe") -> Tokenizer:
-  """Trains a SentencePiece model on `texts` in memory."""
+def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
+          split_by_unicode_script: bool = True) -> Tokenizer:
+  """Trains a SentencePiece model on `texts` in memory.
+
+  `split_by_unicode_script=False` lets a piece mix digits and letters, so tags such as "(24F)"
+  become single pieces and a model copies them in one step.
+  """
   proto = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts),
@@ -74,6 +79,7 @@ def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe") -> Tok
       byte_fallback=True,
       character_coverage=1.0,
       user_defined_symbols=["\n"],
+      split_by_unicode_script=split_by_unicode_script,
       max_sentence_length=1 << 16,
       num_threads=os.cpu_count() or 1,
       minloglevel=2,
@@ -88,11 +94,11 @@ def load(path: str) -> Tokenizer:
     return Tokenizer(f.read())
 
 
-def load_or_train(path: str, texts: Iterable[str], vocab_size: int,
-                  model_type: str = "bpe") -> Tokenizer:
+def load_or_train(path: str, texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
+                  split_by_unicode_script: bool = True) -> Tokenizer:
   """Loads `path` if it exists, otherwise trains on `texts` and saves there (so reruns agree)."""
   if os.path.exists(path):
     return load(path)
-  tok = train(texts, vocab_size, model_type)
+  tok = train(texts, vocab_size, model_type, split_by_unicode_script)
   tok.save(path)
   return tok

@@ -286,17 +286,46 @@ def _background(s: Situation, rng: np.random.Generator) -> str:
   return forms[rng.integers(len(forms))]
 
 
-def _reference(s: Situation, rng: np.random.Generator) -> str:
-  events = " and ".join(_fill(EVENTS[e][1], s.other_gender) for e in s.events)
-  me, them = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
+# How often a human-written reference leaves out (or, for a distractor, adds) each detail, at
+# `reference_noise=1`. Real TL;DRs vary like this; it is what leaves room above supervised learning.
+HUMAN_NOISE = {"feeling": 0.25, "question": 0.25, "poster_age": 0.2, "second_event": 0.2,
+               "distractor": 0.2}
+
+
+def _reference(s: Situation, rng: np.random.Generator, noise: float) -> str:
+  """A TL;DR in one of a few templates; with `noise` > 0 some details go missing, as people write."""
+  drop = {k: rng.random() < noise * p for k, p in HUMAN_NOISE.items()}
+  kept = s.events[:1] if drop["second_event"] else s.events
+  events = " and ".join(_fill(EVENTS[e][1], s.other_gender) for e in kept)
+  me = "" if drop["poster_age"] else " " + _age(s.poster_age, s.poster_gender)
+  them = _age(s.other_age, s.other_gender)
   of = f" of {s.duration}" if s.duration else ""
-  forms = (f"My {me} {s.relation} {them}{of} {events}. I feel {s.feeling}.",
-           f"I {me} feel {s.feeling} because my {s.relation} {them}{of} {events}.",
-           f"My {s.relation} {them}{of} {events} and I {me} feel {s.feeling}.")
-  return f"{forms[rng.integers(len(forms))]} {question_text(s)}"
+  if drop["feeling"]:
+    forms = (f"My{me} {s.relation} {them}{of} {events}.",)
+  else:
+    forms = (f"My{me} {s.relation} {them}{of} {events}. I feel {s.feeling}.",
+             f"I{me} feel {s.feeling} because my {s.relation} {them}{of} {events}.",
+             f"My {s.relation} {them}{of} {events} and I{me} feel {s.feeling}.")
+  parts = [forms[rng.integers(len(forms))]]
+  if drop["distractor"]:
+    kind, value = s.distractors[0]
+    parts.append(_DISTRACTOR_REF[kind].format(x=value))
+  if not drop["question"]:
+    parts.append(question_text(s))
+  return " ".join(parts)
 
 
-def render(s: Situation, rng: np.random.Generator) -> tuple[str, str, str, str]:
+_DISTRACTOR_REF = {"job": "I am a {x}.", "pet": "I have a pet named {x}.", "city": "We live in {x}.",
+                   "hobby": "I like {x}."}
+
+
+def ideal_reference(example: Example) -> str:
+  """The reference a careful writer would give: every key fact, nothing else (gold 1.0)."""
+  return _reference(example.situation, np.random.default_rng(0), 0.0)
+
+
+def render(s: Situation, rng: np.random.Generator,
+           reference_noise: float = 1.0) -> tuple[str, str, str, str]:
   """(subreddit, title, post, reference) for a situation."""
   subs = RELATIONS[s.relation][2]
   subreddit = subs[rng.integers(len(subs))]
@@ -320,25 +349,27 @@ def render(s: Situation, rng: np.random.Generator) -> tuple[str, str, str, str]:
   feeling = _FEELING_POST[rng.integers(len(_FEELING_POST))].format(f=s.feeling)
   ask = _QUESTION_POST[rng.integers(len(_QUESTION_POST))].format(q=question_text(s))
   post = " ".join(head + body + [feeling, ask])
-  return subreddit, title, post, _reference(s, rng)
+  return subreddit, title, post, _reference(s, rng, reference_noise)
 
 
-def generate(seed: int, start: int, count: int) -> list[Example]:
-  """Examples `start .. start + count - 1` of the world with this seed."""
+def generate(seed: int, start: int, count: int, reference_noise: float = 1.0) -> list[Example]:
+  """Examples `start .. start + count - 1` of the world with this seed; `reference_noise` scales
+  how often the human references miss or add details (0: ideal references)."""
   out = []
   for i in range(start, start + count):
     rng = np.random.default_rng([seed, i])
     s = sample_situation(rng)
-    subreddit, title, post, reference = render(s, rng)
+    subreddit, title, post, reference = render(s, rng, reference_noise)
     out.append(Example(f"sim-{seed}-{i}", subreddit, title, post, reference, s))
   return out
 
 
-def make_splits(seed: int, sizes: Mapping[str, int]) -> dict[str, list[Example]]:
+def make_splits(seed: int, sizes: Mapping[str, int],
+                reference_noise: float = 1.0) -> dict[str, list[Example]]:
   """Consecutive, disjoint index ranges in the order of `sizes`."""
   out, start = {}, 0
   for name, n in sizes.items():
-    out[name] = generate(seed, start, int(n))
+    out[name] = generate(seed, start, int(n), reference_noise)
     start += int(n)
   return out
 
@@ -369,9 +400,12 @@ def shuffle_facts(example: Example, rng: np.random.Generator) -> str:
   s = example.situation
   ref = reverse_roles(example)
   pool = [e for e, spec in EVENTS.items() if s.category in spec[0] and e not in s.events]
-  other = pool[rng.integers(len(pool))]
-  old = _fill(EVENTS[s.events[-1]][1], s.other_gender)
-  return ref.replace(old, _fill(EVENTS[other][1], s.other_gender), 1)
+  other = _fill(EVENTS[pool[rng.integers(len(pool))]][1], s.other_gender)
+  for e in reversed(s.events):  # The last event the reference mentions.
+    old = _fill(EVENTS[e][1], s.other_gender)
+    if old in ref:
+      return ref.replace(old, other, 1)
+  return ref
 
 
 def wrong_relation(example: Example, rng: np.random.Generator) -> str:
@@ -388,6 +422,7 @@ def repeat_text(example: Example) -> str:
 def _texts() -> list[str]:
   """Every template and value the world draws words from."""
   out = list(_OPENINGS) + list(_TITLES) + list(_FEELING_POST) + list(_QUESTION_POST) + list(FEELINGS)
+  out += list(_DISTRACTOR_REF.values())
   out += list(RELATIONS) + [s for spec in RELATIONS.values() for s in spec[2]]
   for cats, ref, posts, _ in EVENTS.values():
     out += [ref, *posts]

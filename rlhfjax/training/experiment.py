@@ -45,7 +45,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   else:
     corpus = pipeline.tokenizer_corpus(splits["sft"][:tcfg.train_examples])
     tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
-                                      tcfg.vocab_size, tcfg.model_type)
+                                      tcfg.vocab_size, tcfg.model_type,
+                                      tcfg.split_by_unicode_script)
   model = ModelConfig.from_mapping(config.model.to_dict())
   if model.vocab_size != tok.vocab_size:
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
