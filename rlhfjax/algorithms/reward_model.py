@@ -37,7 +37,6 @@ from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
