@@ -184,15 +184,13 @@ def normalize(params: dict, scores: np.ndarray, with_std: bool) -> tuple[dict, d
 
 
 def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparison]):
-  """(posts, texts) the normalisation is computed on."""
+  """(posts, texts) the normalisation is computed on (`fit` has checked `rm.normalize`)."""
   c = exp.config.rm
   if c.normalize == "reference":
     examples = exp.splits["pref"][:c.norm_examples]
     return examples, [e.reference for e in examples]
-  if c.normalize == "sft":
-    comps = list(train_comps[:c.norm_examples])
-    return pipeline.posts_of(comps), [x.response_a for x in comps]
-  raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
+  comps = list(train_comps[:c.norm_examples])  # "sft": the SFT samples of the training pairs.
+  return pipeline.posts_of(comps), [x.response_a for x in comps]
 
 
 def _model_template(exp: experiment.Experiment) -> dict:
