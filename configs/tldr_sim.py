@@ -67,6 +67,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
               bootstrap=200)
 
+  # PPO against the reward model (Ziegler et al. / Stiennon et al.; knobs named as in TRL where
+  # they exist). Per-token reward -kl_coef * (log pi - log pi_ref), plus the RM score at eos, or
+  # no_eos_score for a response that never ends (penalize_no_eos). adaptive_kl: Ziegler's
+  # controller towards kl_target nats over kl_horizon episodes. GAE with gamma, lam; advantages
+  # whitened over the 'batch' (AlpacaFarm) or per 'minibatch'. Learning rate linear to 0.
+  c.ppo = dict(steps=60, rollout_batch=64, minibatch_size=16, epochs=2, temperature=1.0,
+               kl_coef=0.05, adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0,
+               gamma=1.0, lam=0.95, whiten="batch", cliprange=0.2, cliprange_value=0.2,
+               vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
+               lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
+               eps=1e-5, weight_decay=0.0, grad_clip=1.0,
+               log_every=1, eval_every=10, eval_examples=128)
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
@@ -82,6 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.label.update(num_pairs=32, num_val_pairs=16, batch_size=16)
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
+    c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
     c.checkpoint.update(every=4)
     c.eval.update(num_examples=8, batch_size=8, show=1)
   elif arg:

@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
@@ -25,6 +26,7 @@ TASKS: dict[str, Callable] = {
     "sft": sft.run,
     "label": label.run,
     "rm": reward_model.run,
+    "ppo": ppo.run,
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",

@@ -193,13 +193,14 @@ def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparis
   return pipeline.posts_of(comps), [x.response_a for x in comps]
 
 
-def _model_template(exp: experiment.Experiment) -> dict:
+def model_template(exp: experiment.Experiment) -> dict:
+  """The abstract structure of a reward model's parameters (for restoring)."""
   return jax.eval_shape(lambda: heads.init(jax.random.key(0), exp.model))
 
 
 def load(exp: experiment.Experiment) -> tuple[dict, dict]:
   """The normalised reward model of `<workdir>/rm/model` and its metadata."""
-  return checkpoint.restore_finished(f"{exp.workdir}/rm/model", _model_template(exp), 1, "rm")
+  return checkpoint.restore_finished(f"{exp.workdir}/rm/model", model_template(exp), 1, "rm")
 
 
 def annotator(exp: experiment.Experiment, params: dict | None = None) -> annotators.Annotator:

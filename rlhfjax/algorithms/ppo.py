@@ -1,0 +1,366 @@
+"""PPO against the learned reward model (task=ppo), as in Ziegler et al. / Stiennon et al.
+
+Four parameter trees: the policy (from SFT, trained), the reference (frozen SFT), the value model
+(initialised from the reward model, trained) and the reward model (frozen). One iteration:
+
+1. Rollout: the jitted KV-cache sampler draws `format.response_len` tokens at `ppo.temperature` for
+   `ppo.rollout_batch` prompts of the unlabeled split; everything after the first eos is padding.
+2. Experience: the reward model scores each response at its eos; a response that never ends gets
+   `ppo.no_eos_score` instead (with `penalize_no_eos`). Per-token rewards are the KL penalty
+   `-β (log π − log π_ref)` on every response token plus the score on the last one; log-probs are
+   taken at the sampling temperature. GAE (γ, λ) gives advantages and returns; advantages are
+   whitened over the whole rollout (AlpacaFarm) or per minibatch.
+3. Update: `ppo.epochs` passes over shuffled minibatches (`lax.scan`) of the clipped policy loss plus
+   `vf_coef` times the clipped value loss; global-norm clipping, AdamW, learning rate linear to 0.
+   Then β follows the adaptive controller of Ziegler et al. when `adaptive_kl` is set.
+
+Steps 2 and 3 are one jitted pure function, `train_step`. Padding after eos counts nowhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import sft
+from rlhfjax.data import gold
+from rlhfjax.data import pipeline
+from rlhfjax.errors import ConfigError
+from rlhfjax.models import heads
+from rlhfjax.models import sampling
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import loop
+from rlhfjax.training import metrics as metrics_lib
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+WHITEN = ("batch", "minibatch")
+
+
+@flax.struct.dataclass
+class PPOState(TrainState):
+  """Policy and value parameters (`params['policy']`, `params['value']`), their optimizer state,
+  and the current KL coefficient β (part of the state so that a resumed run repeats exactly)."""
+  kl_coef: jax.Array
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def whiten(x: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax.Array:
+  """(x − mean) / std over the real entries of `x` (padding is ignored and left at 0)."""
+  mean = masked_mean(x, mask)
+  var = masked_mean(jnp.square(x - mean), mask)
+  out = (x - mean) * jax.lax.rsqrt(var + 1e-8)
+  if not shift_mean:
+    out = out + mean
+  return jnp.where(mask, out, 0.0)
+
+
+def gae(rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float,
+        lam: float) -> tuple[jax.Array, jax.Array]:
+  """Generalised advantage estimation over response tokens [B, R]; returns (advantages, returns).
+
+  δ_t = r_t + γ V_{t+1} − V_t and A_t = δ_t + γ λ A_{t+1}, with V and r zero after the last real token,
+  so the episode ends at eos.
+  """
+  mask = mask.astype(values.dtype)
+  values = values * mask
+  next_values = jnp.concatenate([values[:, 1:], jnp.zeros_like(values[:, :1])], 1)
+  deltas = (rewards + gamma * next_values - values) * mask
+
+  def back(carry, delta):
+    adv = delta + gamma * lam * carry
+    return adv, adv
+
+  _, adv = jax.lax.scan(back, jnp.zeros(deltas.shape[0], deltas.dtype), deltas.T, reverse=True)
+  adv = adv.T * mask
+  return adv, (adv + values) * mask
+
+
+def token_rewards(scores: jax.Array, kl: jax.Array, mask: jax.Array,
+                  kl_coef: jax.Array) -> jax.Array:
+  """−β·kl on every response token plus the sequence score on its last real token. [B, R]."""
+  last = heads.last_token_index(mask)
+  at_last = jax.nn.one_hot(last, mask.shape[1], dtype=kl.dtype) * scores[:, None]
+  return jnp.where(mask, -kl_coef * kl + at_last, 0.0)
+
+
+def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
+                         penalty_score: float) -> jax.Array:
+  """Scores with `penalty_score` in place of the reward of every response that has no eos."""
+  return jnp.where((response == eos_id).any(-1), scores, penalty_score)
+
+
+def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: float,
+                     n_steps: int) -> jax.Array:
+  """Ziegler et al.'s proportional controller: β ← β (1 + clip(KL/target − 1, ±0.2) n / horizon)."""
+  error = jnp.clip(kl / target - 1.0, -0.2, 0.2)
+  return kl_coef * (1.0 + error * n_steps / horizon)
+
+
+def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], cliprange: float,
+               cliprange_value: float) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """Clipped surrogate policy loss and clipped value loss, as token means over real tokens."""
+  m = batch["response_mask"].astype(jnp.float32)
+  adv = batch["advantages"]
+  log_ratio = logp - batch["logprobs"]
+  ratio = jnp.exp(log_ratio)
+  pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
+  pg_loss = masked_mean(jnp.maximum(pg1, pg2), m)
+  v_clipped = batch["values"] + jnp.clip(values - batch["values"], -cliprange_value, cliprange_value)
+  vf1, vf2 = jnp.square(values - batch["returns"]), jnp.square(v_clipped - batch["returns"])
+  vf_loss = 0.5 * masked_mean(jnp.maximum(vf1, vf2), m)
+  stats = {"policy/approxkl": 0.5 * masked_mean(jnp.square(log_ratio), m),
+           "policy/clipfrac": masked_mean((pg2 > pg1).astype(jnp.float32), m),
+           "val/clipfrac": masked_mean((vf2 > vf1).astype(jnp.float32), m),
+           "val/ratio": masked_mean(ratio, m)}
+  return pg_loss, vf_loss, stats
+
+
+def _values(value_params, batch: pipeline.Batch, cfg: ModelConfig) -> jax.Array:
+  """V(state before each response token) [B, R], 0 at padding."""
+  tokens, mask = pipeline.prompt_and(batch)
+  p = batch["prompt"].shape[1]
+  v = heads.values(value_params, tokens, mask, cfg)[:, p - 1:-1]
+  return jnp.where(batch["response_mask"], v, 0.0)
+
+
+def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
+               kl_coef: jax.Array, *, cfg: ModelConfig, c: Any,
+               eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+  """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout."""
+  m = batch["response_mask"]
+  logp, entropy = sft.response_token_stats(params["policy"], batch, cfg, temperature=c.temperature)
+  ref_logp = sft.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
+  values = _values(params["value"], batch, cfg)
+  raw = reward_model.score(reward_params, batch, cfg)
+  scores = (penalize_missing_eos(raw, batch["response"], eos_id, c.no_eos_score)
+            if c.penalize_no_eos else raw)
+  kl = logp - ref_logp
+  rewards = token_rewards(scores, kl, m, kl_coef)
+  adv, returns = gae(rewards, values, m, c.gamma, c.lam)
+  if c.whiten == "batch":
+    adv = whiten(adv, m)
+  kl_sum = kl.sum(-1)
+  stats = {"objective/kl": kl_sum.mean(), "objective/entropy": entropy.sum(-1).mean(),
+           "objective/scores": scores.mean(), "objective/raw_scores": raw.mean(),
+           "objective/rlhf_reward": (scores - kl_coef * kl_sum).mean(),
+           "objective/non_score_reward": (-kl_coef * kl_sum).mean(), "objective/kl_coef": kl_coef,
+           "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+           "val/mean": masked_mean(values, m), "returns/mean": masked_mean(returns, m),
+           "response/length": m.sum(-1).mean()}
+  rollout = {**batch, "logprobs": logp, "values": values, "advantages": adv, "returns": returns}
+  return rollout, stats
+
+
+def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cfg: ModelConfig,
+           c: Any, tx: optax.GradientTransformation) -> tuple[PPOState, dict[str, jax.Array]]:
+  """`c.epochs` passes of minibatch PPO over one rollout (`lax.scan` over both)."""
+  n = rollout["response"].shape[0]
+  k = n // c.minibatch_size
+
+  def loss_fn(params, mb):
+    logp, entropy = sft.response_token_stats(params["policy"], mb, cfg, temperature=c.temperature)
+    values = _values(params["value"], mb, cfg)
+    pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
+    loss = pg_loss + c.vf_coef * vf_loss
+    m = mb["response_mask"].astype(jnp.float32)
+    return loss, {**stats, "loss/policy": pg_loss, "loss/value": vf_loss, "loss/total": loss,
+                  "policy/entropy": masked_mean(entropy, m)}
+
+  def minibatch(state, idx):
+    mb = jax.tree.map(lambda x: x[idx], rollout)
+    if c.whiten == "minibatch":
+      mb["advantages"] = whiten(mb["advantages"], mb["response_mask"])
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
+    stats["policy/grad_norm"] = optax.tree.norm(grads)
+    return state.apply_gradients(grads, tx), stats
+
+  def epoch(state, key):
+    return jax.lax.scan(minibatch, state, jax.random.permutation(key, n)[:k * c.minibatch_size]
+                        .reshape(k, c.minibatch_size))
+
+  state, stats = jax.lax.scan(epoch, state, jax.random.split(rng, c.epochs))
+  return state, jax.tree.map(jnp.mean, stats)
+
+
+def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
+               rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
+               eos_id: int) -> tuple[PPOState, dict[str, jax.Array]]:
+  """Experience and update for one rollout batch, then the KL-controller update."""
+  rollout, stats = experience(state.params, ref_params, reward_params, batch, state.kl_coef,
+                              cfg=cfg, c=c, eos_id=eos_id)
+  state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx)
+  if c.adaptive_kl:
+    n = batch["response"].shape[0]
+    state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, stats["objective/kl"],
+                                                   c.kl_target, c.kl_horizon, n))
+  return state, {**stats, **update_stats}
+
+
+def check_config(c: Any) -> None:
+  """Clear errors for PPO settings that cannot work."""
+  if c.whiten not in WHITEN + ("none",):
+    raise ConfigError(f"ppo.whiten must be one of {WHITEN + ('none',)}, got {c.whiten!r}")
+  if c.rollout_batch % c.minibatch_size:
+    raise ConfigError(f"ppo.rollout_batch ({c.rollout_batch}) must be a multiple of "
+                      f"ppo.minibatch_size ({c.minibatch_size})")
+  if c.temperature <= 0:
+    raise ConfigError(f"ppo.temperature must be > 0 (PPO samples), got {c.temperature}")
+
+
+def _tx(c: Any) -> optax.GradientTransformation:
+  return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size))
+
+
+def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> PPOState:
+  """Policy from SFT, value model from the reward model, β from `ppo.kl_coef`."""
+  c = exp.config.ppo
+  # Copies: the trained trees must not alias the frozen reference and reward trees.
+  params = jax.tree.map(jnp.copy, {"policy": sft_params, "value": rm_params})
+  tx = _tx(c)
+  return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                  kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
+
+
+def sampling_config(exp: experiment.Experiment, temperature: float) -> sampling.SamplingConfig:
+  return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
+                                 temperature=temperature, eos_id=exp.tokenizer.eos_id,
+                                 pad_id=exp.tokenizer.pad_id)
+
+
+def rollout_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: experiment.Experiment,
+                  temperature: float) -> pipeline.Batch:
+  """Prompts plus sampled responses (padding after eos) and their mask."""
+  out = sampling.sample(params, prompts["prompt"], prompts["prompt_mask"], rng, exp.model,
+                        sampling_config(exp, temperature))
+  mask = jnp.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
+  return {"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"],
+          "response": out.tokens, "response_mask": mask}
+
+
+def decode(exp: experiment.Experiment, response: np.ndarray) -> list[str]:
+  return [exp.tokenizer.decode(r).strip() for r in np.asarray(response)]
+
+
+_kl_fn = jax.jit(lambda p, ref, b, cfg, t: (sft.response_logprobs(p, b, cfg, temperature=t)
+                                            - sft.response_logprobs(ref, b, cfg, temperature=t)
+                                            ).sum(-1), static_argnums=(3, 4))
+
+
+def policy_report(exp: experiment.Experiment, params: Any, ref_params: Any, reward_params: dict,
+                  examples: list, rng: jax.Array, temperature: float,
+                  batch_size: int) -> dict[str, float]:
+  """Samples on `examples` and reports the mean RM score, gold reward, KL to the reference (the
+  sum over tokens of log π − log π_ref, a per-sample estimate) and length: one point of the
+  over-optimisation curve."""
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
+  kls, texts, scores = [], [], []
+  for i, (b, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
+    batch = rollout_batch(params, b, jax.random.fold_in(rng, i), exp, temperature)
+    kls.append(np.asarray(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
+    scores.append(np.asarray(reward_model._score_fn(reward_params, batch, exp.model))[:n])
+    texts += decode(exp, batch["response"])[:n]
+  return {"kl": float(np.concatenate(kls).mean()), "rm_score": float(np.concatenate(scores).mean()),
+          "gold": float(gold.gold_rewards(examples, texts).mean()),
+          "length_words": float(np.mean([len(t.split()) for t in texts]))}
+
+
+def _meta(exp: experiment.Experiment) -> dict:
+  skip = ("log_every", "eval_every", "eval_examples")
+  return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
+          "ppo": {k: v for k, v in exp.config.ppo.items() if k not in skip}}
+
+
+def train(exp: experiment.Experiment) -> PPOState:
+  """Runs (or resumes) PPO in `<workdir>/ppo`."""
+  config, c = exp.config, exp.config.ppo
+  check_config(c)
+  cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
+  ref_params = sft.load_policy(exp)
+  reward_params, _ = reward_model.load(exp)
+  state = init_state(exp, ref_params, reward_params)
+  tx = _tx(c)
+  step_fn = jax.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx,
+                                      eos_id=exp.tokenizer.eos_id), donate_argnums=0)
+  examples = exp.splits["unlabeled"]
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
+  eval_examples = exp.splits["validation"][:c.eval_examples]
+  key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
+
+  task_dir = exp.task_dir("ppo")
+  ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
+                                 config.checkpoint.keep)
+  writer = metrics_lib.MetricWriter(task_dir, "metrics")
+  meta = _meta(exp)
+  state = loop.restore_if_any(ckpt, state, meta)
+  start = int(state.step)
+  timing = {"generate": 0.0, "total": 0.0}
+
+  def one_step(state, step):
+    t0 = time.perf_counter()
+    idx = pipeline.batch_indices(len(examples), c.rollout_batch, config.seed, step)
+    k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
+    batch = rollout_batch(state.params["policy"], pipeline.take(prompts, idx), k_sample, exp,
+                          c.temperature)
+    jax.block_until_ready(batch)
+    t1 = time.perf_counter()
+    state, m = step_fn(state, ref_params, reward_params, batch, k_update)
+    m = {k: float(v) for k, v in m.items()}
+    m["objective/gold"] = float(gold.gold_rewards([examples[i] for i in idx],
+                                                  decode(exp, batch["response"])).mean())
+    t2 = time.perf_counter()
+    timing["generate"] += t1 - t0
+    timing["total"] += t2 - t0
+    m["time/generation_share"] = timing["generate"] / timing["total"]
+    m["time/episodes_per_s"] = (step + 1 - start) * c.rollout_batch / timing["total"]
+    return state, m
+
+  def periodic(state, done, m) -> dict[str, float]:
+    out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
+    if done % c.eval_every == 0 or done == c.steps:
+      point = policy_report(exp, state.params["policy"], ref_params, reward_params, eval_examples,
+                            eval_key, c.temperature, c.rollout_batch)
+      out.update({f"eval/{k}": v for k, v in point.items()})
+      metrics_lib.info(f"ppo step {done}: RM score {m['objective/scores']:.3f}  KL "
+                       f"{m['objective/kl']:.2f}  gold {m['objective/gold']:.3f} | held out: RM "
+                       f"{point['rm_score']:.3f} gold {point['gold']:.3f} KL {point['kl']:.2f}")
+    return out
+
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
+                   c.rollout_batch * (config.format.prompt_len + config.format.response_len),
+                   "ppo", meta)
+  writer.close()
+  ckpt.close()
+  return state
+
+
+def _state_template(exp: experiment.Experiment) -> PPOState:
+  policy = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  return jax.eval_shape(lambda: init_state(exp, policy, reward_model.model_template(exp)))
+
+
+def load_policy(exp: experiment.Experiment) -> Any:
+  """The policy parameters of the finished PPO run in `<workdir>/ppo`."""
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/ppo/checkpoints", _state_template(exp),
+                                         exp.config.ppo.steps, "ppo")
+  return state.params["policy"]
+
+
+def run(config, workdir: str) -> PPOState:
+  exp = experiment.prepare(config, workdir)
+  return train(exp)
