@@ -22,6 +22,7 @@ setuptools.setup(
         "tensorboardX>=2.6",
         "tqdm>=4.66",
         "absl-py>=2.0",
+        "matplotlib>=3.8",
     ],
     extras_require={
         "test": ["pytest>=8"],

@@ -80,11 +80,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
                log_every=1, eval_every=10, eval_examples=128)
 
+  # Best-of-N: n SFT samples at `temperature`, the RM picks; the curve covers n = 1, 2, 4, ..., n.
+  c.best_of_n = dict(n=16, temperature=1.0, batch_size=256)
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
-  # End-of-run evaluation on the test split: samples, ROUGE-L and gold reward.
-  c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0)
+  # Evaluation on the first num_examples test posts: each method answers at `temperature` (0:
+  # greedy); task=eval judges `methods` against the references with the evaluation pool and plots
+  # the over-optimisation curves (add other PPO workdirs, e.g. a beta sweep, with ppo_runs).
+  c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0,
+                methods="sft,ppo,best_of_n", ppo_runs="")
 
   if arg == "tiny":
     c.data.update(sft=256, pref=64, unlabeled=64, validation=32, test=32)
@@ -97,6 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
     c.checkpoint.update(every=4)
+    c.best_of_n.update(n=4, batch_size=32)
     c.eval.update(num_examples=8, batch_size=8, show=1)
   elif arg:
     raise ValueError(f"unknown config argument {arg!r}; expected '' or 'tiny'")

@@ -16,10 +16,12 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax.evaluation import leaderboard
 from rlhfjax.feedback import label
 
 TASKS: dict[str, Callable] = {
@@ -27,6 +29,8 @@ TASKS: dict[str, Callable] = {
     "label": label.run,
     "rm": reward_model.run,
     "ppo": ppo.run,
+    "best_of_n": best_of_n.run,
+    "eval": leaderboard.run,
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",

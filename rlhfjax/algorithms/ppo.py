@@ -27,7 +27,6 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from rlhfjax.algorithms import reward_model
@@ -35,8 +34,10 @@ from rlhfjax.algorithms import sft
 from rlhfjax.data import gold
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
+from rlhfjax.evaluation import outputs
+from rlhfjax.evaluation import policies
 from rlhfjax.models import heads
-from rlhfjax.models import sampling
+from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import checkpoint
@@ -144,8 +145,8 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
                eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
   """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout."""
   m = batch["response_mask"]
-  logp, entropy = sft.response_token_stats(params["policy"], batch, cfg, temperature=c.temperature)
-  ref_logp = sft.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
+  logp, entropy = policy.response_token_stats(params["policy"], batch, cfg, temperature=c.temperature)
+  ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
   values = _values(params["value"], batch, cfg)
   raw = reward_model.score(reward_params, batch, cfg)
   scores = (penalize_missing_eos(raw, batch["response"], eos_id, c.no_eos_score)
@@ -174,7 +175,7 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
   k = n // c.minibatch_size
 
   def loss_fn(params, mb):
-    logp, entropy = sft.response_token_stats(params["policy"], mb, cfg, temperature=c.temperature)
+    logp, entropy = policy.response_token_stats(params["policy"], mb, cfg, temperature=c.temperature)
     values = _values(params["value"], mb, cfg)
     pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
     loss = pg_loss + c.vf_coef * vf_loss
@@ -237,49 +238,6 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> 
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
 
 
-def sampling_config(exp: experiment.Experiment, temperature: float) -> sampling.SamplingConfig:
-  return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
-                                 temperature=temperature, eos_id=exp.tokenizer.eos_id,
-                                 pad_id=exp.tokenizer.pad_id)
-
-
-def rollout_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: experiment.Experiment,
-                  temperature: float) -> pipeline.Batch:
-  """Prompts plus sampled responses (padding after eos) and their mask."""
-  out = sampling.sample(params, prompts["prompt"], prompts["prompt_mask"], rng, exp.model,
-                        sampling_config(exp, temperature))
-  mask = jnp.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
-  return {"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"],
-          "response": out.tokens, "response_mask": mask}
-
-
-def decode(exp: experiment.Experiment, response: np.ndarray) -> list[str]:
-  return [exp.tokenizer.decode(r).strip() for r in np.asarray(response)]
-
-
-_kl_fn = jax.jit(lambda p, ref, b, cfg, t: (sft.response_logprobs(p, b, cfg, temperature=t)
-                                            - sft.response_logprobs(ref, b, cfg, temperature=t)
-                                            ).sum(-1), static_argnums=(3, 4))
-
-
-def policy_report(exp: experiment.Experiment, params: Any, ref_params: Any, reward_params: dict,
-                  examples: list, rng: jax.Array, temperature: float,
-                  batch_size: int) -> dict[str, float]:
-  """Samples on `examples` and reports the mean RM score, gold reward, KL to the reference (the
-  sum over tokens of log π − log π_ref, a per-sample estimate) and length: one point of the
-  over-optimisation curve."""
-  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
-  kls, texts, scores = [], [], []
-  for i, (b, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
-    batch = rollout_batch(params, b, jax.random.fold_in(rng, i), exp, temperature)
-    kls.append(np.asarray(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
-    scores.append(np.asarray(reward_model._score_fn(reward_params, batch, exp.model))[:n])
-    texts += decode(exp, batch["response"])[:n]
-  return {"kl": float(np.concatenate(kls).mean()), "rm_score": float(np.concatenate(scores).mean()),
-          "gold": float(gold.gold_rewards(examples, texts).mean()),
-          "length_words": float(np.mean([len(t.split()) for t in texts]))}
-
-
 def _meta(exp: experiment.Experiment) -> dict:
   skip = ("log_every", "eval_every", "eval_examples")
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
@@ -300,6 +258,7 @@ def train(exp: experiment.Experiment) -> PPOState:
   examples = exp.splits["unlabeled"]
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
+  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
   key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
 
   task_dir = exp.task_dir("ppo")
@@ -315,14 +274,14 @@ def train(exp: experiment.Experiment) -> PPOState:
     t0 = time.perf_counter()
     idx = pipeline.batch_indices(len(examples), c.rollout_batch, config.seed, step)
     k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    batch = rollout_batch(state.params["policy"], pipeline.take(prompts, idx), k_sample, exp,
-                          c.temperature)
+    batch = policies.sample_batch(state.params["policy"], pipeline.take(prompts, idx), k_sample,
+                                  exp, c.temperature)
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     state, m = step_fn(state, ref_params, reward_params, batch, k_update)
     m = {k: float(v) for k, v in m.items()}
     m["objective/gold"] = float(gold.gold_rewards([examples[i] for i in idx],
-                                                  decode(exp, batch["response"])).mean())
+                                                  policies.decode(exp, batch["response"])).mean())
     t2 = time.perf_counter()
     timing["generate"] += t1 - t0
     timing["total"] += t2 - t0
@@ -333,14 +292,19 @@ def train(exp: experiment.Experiment) -> PPOState:
   def periodic(state, done, m) -> dict[str, float]:
     out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
     if done % c.eval_every == 0 or done == c.steps:
-      point = policy_report(exp, state.params["policy"], ref_params, reward_params, eval_examples,
-                            eval_key, c.temperature, c.rollout_batch)
+      point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
+                                   c.temperature, c.rollout_batch, reward_fn)
       out.update({f"eval/{k}": v for k, v in point.items()})
       metrics_lib.info(f"ppo step {done}: RM score {m['objective/scores']:.3f}  KL "
                        f"{m['objective/kl']:.2f}  gold {m['objective/gold']:.3f} | held out: RM "
-                       f"{point['rm_score']:.3f} gold {point['gold']:.3f} KL {point['kl']:.2f}")
+                       f"{point['rm_score']:.3f} gold {point['gold']:.3f} win-rate {point['win_rate']:.1f}% KL "
+                       f"{point['kl']:.2f}")
     return out
 
+  if start == 0:  # The curve's first point: the SFT policy itself.
+    point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
+                                 c.temperature, c.rollout_batch, reward_fn)
+    writer.write(0, {f"eval/{k}": v for k, v in point.items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),
                    "ppo", meta)
@@ -350,8 +314,8 @@ def train(exp: experiment.Experiment) -> PPOState:
 
 
 def _state_template(exp: experiment.Experiment) -> PPOState:
-  policy = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return jax.eval_shape(lambda: init_state(exp, policy, reward_model.model_template(exp)))
+  policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  return jax.eval_shape(lambda: init_state(exp, policy_shape, reward_model.model_template(exp)))
 
 
 def load_policy(exp: experiment.Experiment) -> Any:
@@ -363,4 +327,6 @@ def load_policy(exp: experiment.Experiment) -> Any:
 
 def run(config, workdir: str) -> PPOState:
   exp = experiment.prepare(config, workdir)
-  return train(exp)
+  state = train(exp)
+  outputs.save_policy(exp, "ppo", state.params["policy"], sft.load_policy(exp))
+  return state

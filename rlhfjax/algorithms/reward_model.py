@@ -37,6 +37,7 @@ from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
+from rlhfjax.models import policy
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -315,7 +316,7 @@ def heuristic_preferences(exp: experiment.Experiment, sft_params: Any,
           "SFT log p": agreement.prefer_higher(logp[:len(a)], logp[len(a):])}
 
 
-_logp_fn = jax.jit(sft.response_logprobs, static_argnames="cfg")
+_logp_fn = jax.jit(policy.response_logprobs, static_argnames="cfg")
 
 
 def sft_log_probs(params: Any, exp: experiment.Experiment,

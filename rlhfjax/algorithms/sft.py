@@ -18,8 +18,10 @@ import numpy as np
 import optax
 
 from rlhfjax.data import pipeline
+from rlhfjax.evaluation import outputs
 from rlhfjax.evaluation import summaries
 from rlhfjax.models import generate
+from rlhfjax.models import policy
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -31,33 +33,10 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 
-def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
-                         dropout_rng: jax.Array | None = None,
-                         temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
-  entropy of that distribution; both [B, R] and 0 at padding."""
-  tokens, mask = pipeline.prompt_and(batch)
-  hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
-  prompt_len = batch["prompt"].shape[1]
-  # Position t predicts token t+1: the last prompt column predicts the first response token.
-  logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg) / temperature
-  logp_all = jax.nn.log_softmax(logits)
-  logp = jnp.take_along_axis(logp_all, batch["response"][..., None], -1)[..., 0]
-  entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
-  m = batch["response_mask"]
-  return jnp.where(m, logp, 0.0), jnp.where(m, entropy, 0.0)
-
-
-def response_logprobs(params, batch: pipeline.Batch, cfg: ModelConfig,
-                      dropout_rng: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
-  """log p(response token | prompt, earlier tokens) [B, R], 0 at padding."""
-  return response_token_stats(params, batch, cfg, dropout_rng, temperature)[0]
-
-
 def response_nll(params, batch: pipeline.Batch, cfg: ModelConfig,
                  dropout_rng: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Summed negative log-likelihood of the response tokens, and their count."""
-  logp = response_logprobs(params, batch, cfg, dropout_rng)
+  logp = policy.response_logprobs(params, batch, cfg, dropout_rng)
   return -logp.sum(), batch["response_mask"].astype(jnp.float32).sum()
 
 
@@ -160,6 +139,7 @@ def evaluate(exp: experiment.Experiment, params: Any) -> dict[str, Any]:
             "samples": [{"id": ex.id, "sample": t, "reference": ex.reference}
                         for ex, t in zip(examples, texts)]}
   task_dir = exp.task_dir("sft")
+  outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature)
   experiment.write_json(f"{task_dir}/eval.json", report)
   experiment.write_text(f"{task_dir}/eval.md", table + "\n")
   return report

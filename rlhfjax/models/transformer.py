@@ -143,10 +143,8 @@ def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
   return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
-def _attention(p: Params, x: jax.Array, positions: jax.Array, allowed: jax.Array, cfg: ModelConfig,
-               kv_cache: tuple[jax.Array, jax.Array] | None, cache_index: jax.Array,
-               rng: jax.Array | None):
-  """Multi-head attention with grouped k/v heads; with a cache, k/v are written at `cache_index`."""
+def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
+  """Query, key and value projections [B,T,heads,Dh] (biases added, or RoPE applied)."""
   dt = x.dtype
   q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt))
   k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt))
@@ -155,22 +153,33 @@ def _attention(p: Params, x: jax.Array, positions: jax.Array, allowed: jax.Array
     q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
   else:
     q, k = _rope(q, positions, cfg.rope_theta), _rope(k, positions, cfg.rope_theta)
-  if kv_cache is not None:
-    ck, cv = kv_cache
-    k = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
-    v = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
-    kv_cache = (k, v)
+  return q, k, v
+
+
+def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+            cfg: ModelConfig, rng: jax.Array | None, heads_major: bool) -> jax.Array:
+  """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`),
+  then the output projection."""
+  dt = q.dtype
   b, t, h, dh = q.shape
   groups = h // cfg.n_kv_heads
   q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)  # q head i uses kv head i // groups.
-  scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
+  kv_spec = "bksd" if heads_major else "bskd"
+  scores = jnp.einsum(f"btkgd,{kv_spec}->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
   scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
   probs = _dropout(jax.nn.softmax(scores, -1), cfg.dropout, rng).astype(dt)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, h, dh)
+  out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt)).reshape(b, t, h, dh)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt))
   if cfg.variant == "gpt2":
     out = out + p["o_bias"].astype(dt)
-  return out, kv_cache
+  return out
+
+
+def _attention(p: Params, x: jax.Array, positions: jax.Array, allowed: jax.Array, cfg: ModelConfig,
+               rng: jax.Array | None) -> jax.Array:
+  """Multi-head attention with grouped k/v heads over the tokens themselves (no cache)."""
+  q, k, v = _qkv(p, x, positions, cfg)
+  return _attend(p, q, k, v, allowed, cfg, rng, heads_major=False)
 
 
 def _mlp(p: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
@@ -188,8 +197,12 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
-  """An empty KV cache for `length` tokens."""
-  shape = (cfg.n_layers, batch, length, cfg.n_kv_heads, cfg.dim_per_head)
+  """An empty KV cache for `length` tokens.
+
+  k and v are [layers, B, kv_heads, length, Dh]: heads before slots, so attention reads each layer's
+  cache as it lies (no transpose of the whole cache per decoded token).
+  """
+  shape = (cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.dim_per_head)
   dt = jnp.dtype(cfg.dtype)
   return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
           "mask": jnp.zeros((batch, length), bool)}
@@ -229,23 +242,59 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
   if rngs is not None:
     x = _dropout(x, cfg.dropout, rngs[-1])
 
-  def layer(x, inputs):
-    p, kv, rng = inputs
+  def block(x, p, rng, attend):
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
-    h, kv = _attention(p["attn"], _norm(x, p["attn_norm"], cfg), positions, allowed, cfg, kv,
-                       cache_index, r[0])
-    x = x + _dropout(h, cfg.dropout, r[1])
+    x = x + _dropout(attend(p["attn"], _norm(x, p["attn_norm"], cfg), r[0]), cfg.dropout, r[1])
     x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg), cfg.dropout, r[2])
-    return x, kv
+    return x
+
+  layer_rngs = None if rngs is None else rngs[:-1]
+  if cache is None:
+    def layer(x, inputs):
+      p, rng = inputs
+      return block(x, p, rng, lambda pa, h, r: _attention(pa, h, positions, allowed, cfg, r)), None
+
+    if cfg.remat:
+      layer = jax.checkpoint(layer)
+    x, _ = jax.lax.scan(layer, x, (params["layers"], layer_rngs))
+    return _norm(x, params["final_norm"], cfg), None
+
+  # The whole stacked cache rides in the scan's carry and each layer writes only its own T slots,
+  # so XLA updates it in place; passing it through xs/ys would copy every layer's cache per call.
+  def cached_layer(carry, inputs):
+    x, ck, cv = carry
+    p, i, rng = inputs
+    written = {}
+
+    def attend(pa, h, r):
+      q, k, v = _qkv(pa, h, positions, cfg)
+      ck_, cv_ = written["k"], written["v"]
+      start = (i, 0, 0, cache_index, 0)
+      ck_ = jax.lax.dynamic_update_slice(ck_, k.transpose(0, 2, 1, 3)[None].astype(ck_.dtype), start)
+      cv_ = jax.lax.dynamic_update_slice(cv_, v.transpose(0, 2, 1, 3)[None].astype(cv_.dtype), start)
+      written["k"], written["v"] = ck_, cv_
+      layer_k = jax.lax.dynamic_index_in_dim(ck_, i, 0, keepdims=False)
+      layer_v = jax.lax.dynamic_index_in_dim(cv_, i, 0, keepdims=False)
+      return _attend(pa, q, layer_k, layer_v, allowed, cfg, r, heads_major=True)
+
+    written["k"], written["v"] = ck, cv
+    x = block(x, p, rng, attend)
+    return (x, written["k"], written["v"]), None
 
   if cfg.remat:
-    layer = jax.checkpoint(layer)
-  kv_in = None if cache is None else (cache["k"], cache["v"])
-  layer_rngs = None if rngs is None else rngs[:-1]
-  x, kv_out = jax.lax.scan(layer, x, (params["layers"], kv_in, layer_rngs))
+    cached_layer = jax.checkpoint(cached_layer)
+  import os
+  if os.environ.get("UNROLL"):
+    carry = (x, cache["k"], cache["v"])
+    for l in range(cfg.n_layers):
+      p = jax.tree.map(lambda a: a[l], params["layers"])
+      carry, _ = cached_layer(carry, (p, l, None if layer_rngs is None else layer_rngs[l]))
+    x, ck, cv = carry
+  else:
+    (x, ck, cv), _ = jax.lax.scan(cached_layer, (x, cache["k"], cache["v"]),
+                                  (params["layers"], jnp.arange(cfg.n_layers), layer_rngs))
   x = _norm(x, params["final_norm"], cfg)
-  new_cache = None if cache is None else {"k": kv_out[0], "v": kv_out[1], "mask": key_mask}
-  return x, new_cache
+  return x, {"k": ck, "v": cv, "mask": key_mask}
 
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:

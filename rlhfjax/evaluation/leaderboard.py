@@ -1,0 +1,150 @@
+"""task=eval: the leaderboard (AlpacaFarm Table 1 style) and the over-optimisation plot.
+
+Every method in `eval.methods` has answered the same test prompts (`<workdir>/<method>/outputs.json`).
+The evaluation pool (no label flips) compares each answer with the reference summary, in a random
+order; the leaderboard gives the win-rate with its standard error and bootstrap 95% interval, the
+p-value of a paired test against SFT, the mean gold reward, the mean length and the KL to SFT. It is
+written as `<workdir>/eval/leaderboard.{md,csv,json}`.
+
+`<workdir>/eval/overoptimization.png` plots RM score, gold reward and win-rate against KL for PPO
+along training (its held-out evaluation points, for this workdir and any in `eval.ppo_runs`, e.g. a
+β sweep) and for best-of-N, N = 1, 2, 4, ...: the reward model's score keeps rising with KL while
+the gold reward peaks and falls.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from rlhfjax.data import gold
+from rlhfjax.errors import ConfigError
+from rlhfjax.evaluation import outputs
+from rlhfjax.evaluation import winrate
+from rlhfjax.feedback import annotators
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics as metrics_lib
+
+NAMES = {"sft": "SFT", "ppo": "PPO", "best_of_n": "best-of-{n}", "expert_iteration": "expert iteration",
+         "quark": "Quark", "feedme": "binary FeedME", "reward_conditioning": "binary reward conditioning",
+         "dpo": "DPO"}
+COLUMNS = ("method", "win_rate", "se", "ci_low", "ci_high", "p_vs_sft", "gold", "length_words", "kl")
+
+
+def _label(method: str, stored: dict) -> str:
+  return NAMES.get(method, method).format(**stored)
+
+
+def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]]:
+  """One leaderboard row per method, sorted by win-rate."""
+  by_id = {e.id: e for e in exp.splits["test"]}
+  pool = annotators.pools(exp.config.annotators)["eval_pool"]
+  rng = np.random.default_rng([exp.config.seed, 13])
+  wins, rows, ids = {}, [], None
+  for method in methods:
+    stored = outputs.load(exp.workdir, method)
+    these = [o["id"] for o in stored["outputs"]]
+    if ids is None:
+      ids = these
+    elif these != ids:
+      raise ConfigError(f"{outputs.path(exp.workdir, method)} answers other prompts than "
+                        f"{outputs.path(exp.workdir, methods[0])}; rerun both with the same "
+                        "eval.num_examples")
+    missing = [i for i in these if i not in by_id]
+    if missing:
+      raise ConfigError(f"{outputs.path(exp.workdir, method)}: prompt {missing[0]!r} is not in the "
+                        "test split of this configuration")
+    examples = [by_id[i] for i in these]
+    texts = [o["output"] for o in stored["outputs"]]
+    wins[method] = winrate.wins_against(pool, examples, texts, [e.reference for e in examples], rng)
+    rows.append({"method": _label(method, stored), **winrate.summarize(wins[method], rng),
+                 "gold": float(gold.gold_rewards(examples, texts).mean()),
+                 "length_words": float(np.mean([len(t.split()) for t in texts])),
+                 "kl": float(stored["kl"]), "key": method})
+  for row in rows:
+    row["p_vs_sft"] = (winrate.paired_p_value(wins[row["key"]], wins["sft"], rng)
+                       if "sft" in wins and row["key"] != "sft" else float("nan"))
+  return sorted(rows, key=lambda r: -r["win_rate"])
+
+
+def format_markdown(rows: list[dict[str, Any]]) -> str:
+  lines = ["| method | win-rate vs reference (%) | 95% interval | p vs SFT | gold reward | "
+           "length (words) | KL to SFT (nats) |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    p = "" if np.isnan(r["p_vs_sft"]) else f"{r['p_vs_sft']:.3f}"
+    lines.append(f"| {r['method']} | {r['win_rate']:.1f} ± {r['se']:.1f} | "
+                 f"{r['ci_low']:.1f}–{r['ci_high']:.1f} | {p} | {r['gold']:.3f} | "
+                 f"{r['length_words']:.1f} | {r['kl']:.2f} |")
+  return "\n".join(lines)
+
+
+def format_csv(rows: list[dict[str, Any]]) -> str:
+  buf = io.StringIO()
+  writer = csv.DictWriter(buf, COLUMNS, extrasaction="ignore", lineterminator="\n")
+  writer.writeheader()
+  writer.writerows(rows)
+  return buf.getvalue()
+
+
+def ppo_curve(workdir: str) -> list[dict[str, float]]:
+  """The held-out evaluation points PPO logged in `<workdir>/ppo/metrics.jsonl`."""
+  path = os.path.join(workdir, "ppo", "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  points = [{k[len("eval/"):]: v for k, v in m.items() if k.startswith("eval/")}
+            for _, m in sorted(metrics_lib.read_jsonl(path).items())]
+  return [p for p in points if "kl" in p]
+
+
+def _kl_coef(workdir: str) -> str:
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    return str(json.load(f)["ppo"]["kl_coef"])
+
+
+def plot(exp: experiment.Experiment, path: str) -> None:
+  """RM score, gold reward and win-rate against KL for PPO runs and best-of-N."""
+  runs = [exp.workdir] + [d for d in exp.config.eval.ppo_runs.split(",") if d]
+  curves = {f"PPO β={_kl_coef(d)}" if len(runs) > 1 else "PPO": ppo_curve(d) for d in runs}
+  bon_path = os.path.join(exp.workdir, "best_of_n", "curve.json")
+  if os.path.exists(bon_path):
+    with open(bon_path, encoding="utf-8") as f:
+      curves["best-of-N"] = json.load(f)
+  fig = Figure(figsize=(13, 3.8))  # No pyplot: no global state, no display backend.
+  axes = fig.subplots(1, 3)
+  for ax, key, title in zip(axes, ("rm_score", "gold", "win_rate"),
+                            ("reward model score", "gold reward", "win-rate vs reference (%)")):
+    for name, points in curves.items():
+      if points:
+        ax.plot([p["kl"] for p in points], [p[key] for p in points], "o-", ms=3, label=name)
+    ax.set_xlabel("KL to SFT (nats)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  tmp = f"{path}.tmp.png"
+  fig.savefig(tmp, dpi=120)
+  os.replace(tmp, path)
+
+
+def run(config, workdir: str) -> list[dict[str, Any]]:
+  exp = experiment.prepare(config, workdir)
+  methods = [m for m in config.eval.methods.split(",") if m]
+  if not methods:
+    raise ConfigError("eval.methods is empty")
+  rows = table(exp, methods)
+  out = exp.task_dir("eval")
+  md = format_markdown(rows)
+  experiment.write_text(f"{out}/leaderboard.md", md + "\n")
+  experiment.write_text(f"{out}/leaderboard.csv", format_csv(rows))
+  experiment.write_json(f"{out}/leaderboard.json", rows)
+  plot(exp, f"{out}/overoptimization.png")
+  metrics_lib.info(f"\nLeaderboard ({len(outputs.load(workdir, methods[0])['outputs'])} test "
+                   f"prompts, judged by the evaluation pool against the references):\n{md}\n"
+                   f"Over-optimisation plot: {out}/overoptimization.png")
+  return rows

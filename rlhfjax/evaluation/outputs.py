@@ -1,0 +1,55 @@
+"""Each method's responses on the test prompts, `<workdir>/<method>/outputs.json`: what task=eval
+judges. Policies answer at `eval.temperature` (0: greedy); their KL to SFT is estimated on samples at
+temperature 1 (the policy's own distribution); best-of-N stores its analytic KL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from rlhfjax.data import world
+from rlhfjax.evaluation import policies
+from rlhfjax.training import experiment
+
+
+def path(workdir: str, method: str) -> str:
+  return os.path.join(workdir, method, "outputs.json")
+
+
+def save(exp: experiment.Experiment, method: str, examples: Sequence[world.Example],
+         texts: Sequence[str], kl: float, **extra: Any) -> None:
+  """Writes the outputs file atomically."""
+  exp.task_dir(method)
+  experiment.write_json(path(exp.workdir, method), {
+      "method": method, "kl": float(kl), **extra,
+      "outputs": [{"id": e.id, "output": t} for e, t in zip(examples, texts)]})
+
+
+def load(workdir: str, method: str) -> dict[str, Any]:
+  p = path(workdir, method)
+  if not os.path.exists(p):
+    raise FileNotFoundError(f"no outputs for method {method!r}: {p} is missing (run task={method} "
+                            "first, or remove it from eval.methods)")
+  with open(p, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_examples(exp: experiment.Experiment) -> list[world.Example]:
+  return exp.splits["test"][:exp.config.eval.num_examples]
+
+
+def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params: Any) -> None:
+  """Answers the test prompts with `params` and saves them with the policy's KL to SFT."""
+  e = exp.config.eval
+  examples = test_examples(exp)
+  key = jax.random.key(exp.config.seed + 1)
+  texts, _ = policies.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
+                                   top_k=e.top_k, top_p=e.top_p)
+  _, kl = policies.sample_texts(exp, params, examples, jax.random.fold_in(key, 1), 1.0,
+                                e.batch_size, sft_params)
+  save(exp, method, examples, texts, float(np.mean(kl)), temperature=e.temperature)

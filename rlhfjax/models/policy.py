@@ -1,0 +1,38 @@
+"""The policy's view of a response: per-token log-probabilities and entropies after a prompt.
+
+Shared by SFT (the likelihood), PPO (ratios, KL to the reference, entropy), DPO and the evaluations.
+Log-probs are taken under `softmax(logits / temperature)`, the distribution a sampler at that
+temperature draws from.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from rlhfjax.data import pipeline
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+
+
+def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
+                         dropout_rng: jax.Array | None = None,
+                         temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
+  entropy of that distribution; both [B, R] and 0 at padding."""
+  tokens, mask = pipeline.prompt_and(batch)
+  hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
+  prompt_len = batch["prompt"].shape[1]
+  # Position t predicts token t+1: the last prompt column predicts the first response token.
+  logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg) / temperature
+  logp_all = jax.nn.log_softmax(logits)
+  logp = jnp.take_along_axis(logp_all, batch["response"][..., None], -1)[..., 0]
+  entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
+  m = batch["response_mask"]
+  return jnp.where(m, logp, 0.0), jnp.where(m, entropy, 0.0)
+
+
+def response_logprobs(params, batch: pipeline.Batch, cfg: ModelConfig,
+                      dropout_rng: jax.Array | None = None, temperature: float = 1.0) -> jax.Array:
+  """log p(response token | prompt, earlier tokens) [B, R], 0 at padding."""
+  return response_token_stats(params, batch, cfg, dropout_rng, temperature)[0]
