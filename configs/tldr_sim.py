@@ -15,7 +15,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # `pipeline` runs `stages` in order, each resuming or reusing what the workdir already holds;
   # any single stage can run alone with --config.task=<stage>.
   c.task = "pipeline"
-  c.stages = "sft,label,rm"
+  c.stages = "sft,label,rm,ppo,best_of_n,expert_iteration,eval"
   c.seed = 0
   c.workdir = "runs/tldr_sim"
 
@@ -83,6 +83,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Best-of-N: n SFT samples at `temperature`, the RM picks; the curve covers n = 1, 2, 4, ..., n.
   c.best_of_n = dict(n=16, temperature=1.0, batch_size=256)
 
+  # Expert iteration: best-of-n (RM) on num_prompts unlabeled posts, then SFT from the SFT policy on
+  # the winners with these optimiser settings.
+  c.expert_iteration = dict(n=8, num_prompts=512, temperature=1.0, sample_batch_size=256,
+                            batch_size=32, steps=32, lr=1e-3, warmup_steps=0, schedule="cosine",
+                            end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
+                            grad_clip=1.0, log_every=8, eval_every=16, eval_batches=4)
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
@@ -90,7 +97,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # greedy); task=eval judges `methods` against the references with the evaluation pool and plots
   # the over-optimisation curves (add other PPO workdirs, e.g. a beta sweep, with ppo_runs).
   c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0,
-                methods="sft,ppo,best_of_n", ppo_runs="")
+                methods="sft,ppo,best_of_n,expert_iteration", ppo_runs="")
 
   if arg == "tiny":
     c.data.update(sft=256, pref=64, unlabeled=64, validation=32, test=32)
@@ -104,6 +111,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
+    c.expert_iteration.update(n=2, num_prompts=16, sample_batch_size=32, batch_size=8, steps=4,
+                              log_every=2, eval_every=2, eval_batches=1)
     c.eval.update(num_examples=8, batch_size=8, show=1)
   elif arg:
     raise ValueError(f"unknown config argument {arg!r}; expected '' or 'tiny'")

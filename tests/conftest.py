@@ -1,4 +1,5 @@
-"""Shared test helpers: the tiny quickstart config."""
+"""Shared test helpers: the tiny quickstart config, and one run of the whole tiny pipeline that the
+tests of each stage inspect (compiled once per session)."""
 
 import importlib.util
 import os
@@ -18,3 +19,13 @@ def load_config(name: str = "tldr_sim", arg: str | None = "tiny"):
 @pytest.fixture
 def tiny_config():
   return load_config()
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline(tmp_path_factory):
+  """(config, workdir) of a finished tiny run of every default stage."""
+  from rlhfjax import main
+  config = load_config()
+  workdir = str(tmp_path_factory.mktemp("pipeline"))
+  main.run(config, workdir)
+  return config, workdir

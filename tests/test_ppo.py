@@ -170,4 +170,4 @@ def test_short_ppo_run_raises_the_reward_with_bounded_kl():
     kls.append(float(m["objective/kl"]))
   assert np.mean(scores[-5:]) > np.mean(scores[:5]) + 1.0, scores
   assert max(kls) < 10.0, kls
-  assert int(state.step) == c.steps * c.epochs * (c.rollout_batch // c.minibatch_size)
+  assert int(state.step) == c.steps  # PPO iterations, not minibatch updates.

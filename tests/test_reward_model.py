@@ -95,12 +95,10 @@ def test_train_step_learns_a_preference():
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(tmp_path_factory):
-  from conftest import load_config
-  config = load_config()
-  workdir = str(tmp_path_factory.mktemp("pipeline"))
-  report = main.run(config, workdir)
-  return config, workdir, report
+def pipeline_run(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  with open(f"{workdir}/rm/eval.json") as f:
+    return config, workdir, json.load(f)
 
 
 def test_pipeline_writes_comparisons_model_and_report(pipeline_run):
@@ -133,7 +131,9 @@ def test_saved_reward_model_is_normalised_on_references(pipeline_run):
 
 def test_rerun_reuses_and_refuses_changed_settings(pipeline_run):
   config, workdir, report = pipeline_run
-  again = main.run(config, workdir)  # Everything exists: nothing is retrained or relabelled.
+  again = config.copy_and_resolve_references()
+  again.stages = "sft,label,rm"
+  again = main.run(again, workdir)  # Everything exists: nothing is retrained or relabelled.
   assert again["accuracy"] == report["accuracy"] and again["probes"] == report["probes"]
   changed = config.copy_and_resolve_references()
   changed.label.temperature = 0.7

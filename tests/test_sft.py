@@ -71,6 +71,7 @@ def should_save(self, step):
 checkpoint.Checkpointer.should_save = should_save
 config = load_config()
 config.sft.update(steps=12)
+config.stages = "sft"
 config.checkpoint.update(every=3)
 main.run(config, {workdir!r})
 """

@@ -205,7 +205,9 @@ def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pip
   """Experience and update for one rollout batch, then the KL-controller update."""
   rollout, stats = experience(state.params, ref_params, reward_params, batch, state.kl_coef,
                               cfg=cfg, c=c, eos_id=eos_id)
+  iteration = state.step
   state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx)
+  state = state.replace(step=iteration + 1)  # `step` counts PPO iterations, not minibatch updates.
   if c.adaptive_kl:
     n = batch["response"].shape[0]
     state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, stats["objective/kl"],
@@ -315,7 +317,8 @@ def train(exp: experiment.Experiment) -> PPOState:
 
 def _state_template(exp: experiment.Experiment) -> PPOState:
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return jax.eval_shape(lambda: init_state(exp, policy_shape, reward_model.model_template(exp)))
+  return jax.eval_shape(functools.partial(init_state, exp), policy_shape,
+                        reward_model.model_template(exp))
 
 
 def load_policy(exp: experiment.Experiment) -> Any:

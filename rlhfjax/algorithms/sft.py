@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from rlhfjax.data import pipeline
+from rlhfjax.data import world
 from rlhfjax.evaluation import outputs
 from rlhfjax.evaluation import summaries
 from rlhfjax.models import generate
@@ -53,17 +54,26 @@ def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg:
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
 
 
-def train(exp: experiment.Experiment) -> TrainState:
-  """Trains (or resumes) SFT in `<workdir>/sft` and returns the final state."""
-  config, c = exp.config, exp.config.sft
+def train(exp: experiment.Experiment, task: str = "sft",
+          examples: Sequence[world.Example] | None = None, init_params: Any = None) -> TrainState:
+  """Trains (or resumes) supervised fine-tuning in `<workdir>/<task>` and returns the final state.
+
+  Optimisation settings come from config block `task`; the targets are the `reference` fields of
+  `examples` (default: the SFT split); training starts from `init_params` (default: a fresh model).
+  Expert iteration and binary FeedME are this loop on other targets.
+  """
+  config, c = exp.config, exp.config[task]
   plen, rlen = config.format.prompt_len, config.format.response_len
-  data = pipeline.encode_sft(exp.tokenizer, exp.splits["sft"], plen, rlen)
+  examples = exp.splits["sft"] if examples is None else examples
+  data = pipeline.encode_sft(exp.tokenizer, examples, plen, rlen)
   val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"][:c.eval_batches * c.batch_size],
                             plen, rlen)
-  n_train = len(exp.splits["sft"])
+  n_train = len(examples)
   tx = optimizer.adamw(c, c.steps)
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
-  state = TrainState.create(transformer.init(init_key, exp.model), tx)
+  if init_params is None:
+    init_params = transformer.init(init_key, exp.model)
+  state = TrainState.create(jax.tree.map(jnp.copy, init_params), tx)
   step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
 
@@ -71,14 +81,14 @@ def train(exp: experiment.Experiment) -> TrainState:
     sums = [nll_fn(params, b) for b, _ in pipeline.fixed_batches(val, c.batch_size)]
     return float(sum(s for s, _ in sums) / sum(n for _, n in sums))
 
-  task_dir = exp.task_dir("sft")
+  task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   # What determines the trained parameters; resuming under other values is refused.
   meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
           "data": config.data.to_dict(),
-          "sft": {k: v for k, v in c.items() if k not in ("log_every", "eval_every", "eval_batches")}}
+          task: {k: v for k, v in c.items() if k not in ("log_every", "eval_every", "eval_batches")}}
   state = loop.restore_if_any(ckpt, state, meta)
   tokens_per_step = c.batch_size * (plen + rlen)
 
@@ -96,22 +106,23 @@ def train(exp: experiment.Experiment) -> TrainState:
                        f"val loss {out['val/loss']:.3f}")
     return out
 
-  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, "sft", meta)
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, task, meta)
   writer.close()
   ckpt.close()
   return state
 
 
-def _state_template(exp: experiment.Experiment) -> TrainState:
-  c = exp.config.sft
+def _state_template(exp: experiment.Experiment, task: str) -> TrainState:
+  c = exp.config[task]
   tx = optimizer.adamw(c, c.steps)
   return jax.eval_shape(lambda: TrainState.create(transformer.init(jax.random.key(0), exp.model), tx))
 
 
-def load_policy(exp: experiment.Experiment) -> Any:
-  """The parameters of the finished SFT run in `<workdir>/sft` (what label, rm and ppo start from)."""
-  state, _ = checkpoint.restore_finished(f"{exp.workdir}/sft/checkpoints", _state_template(exp),
-                                         exp.config.sft.steps, "sft")
+def load_policy(exp: experiment.Experiment, task: str = "sft") -> Any:
+  """The parameters of the finished run of `train(exp, task)` in `<workdir>/<task>` (for "sft":
+  what label, rm and ppo start from)."""
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints",
+                                         _state_template(exp, task), exp.config[task].steps, task)
   return state.params
 
 

@@ -1,0 +1,58 @@
+"""Expert iteration (task=expert_iteration), AlpacaFarm's variant: best-of-n on the unlabeled split
+with the SFT policy and the reward model, then supervised fine-tuning of the SFT policy on the
+winners.
+
+The winners are written to `<workdir>/expert_iteration/winners.json` (so a rerun reuses them) and
+the fine-tuning is the SFT loop with the `expert_iteration` block's optimiser settings, starting
+from the SFT parameters; at the end the policy answers the test prompts for task=eval.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+
+from rlhfjax.algorithms import best_of_n
+from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import sft
+from rlhfjax.data import world
+from rlhfjax.evaluation import outputs
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics as metrics_lib
+
+TASK = "expert_iteration"
+
+
+def winners(exp: experiment.Experiment, sft_params: Any) -> list[world.Example]:
+  """The unlabeled prompts with the reward model's best of n SFT samples as their target."""
+  c = exp.config[TASK]
+  path = os.path.join(exp.task_dir(TASK), "winners.json")
+  examples = exp.splits["unlabeled"][:c.num_prompts]
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      stored = json.load(f)
+    if stored["n"] == c.n and stored["ids"] == [e.id for e in examples]:
+      return [dataclasses.replace(e, reference=t) for e, t in zip(examples, stored["winners"])]
+  reward_params, _ = reward_model.load(exp)
+  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  cands = best_of_n.candidates(exp, sft_params, examples, c.n, c.temperature,
+                               jax.random.key(exp.config.seed + 3), c.sample_batch_size)
+  scores = best_of_n.score_candidates(reward_fn, examples, cands)
+  texts = best_of_n.best_of(cands, scores, c.n)
+  metrics_lib.info(f"expert iteration: best-of-{c.n} on {len(examples)} unlabeled prompts, mean RM "
+                   f"score {scores.max(1).mean():.3f} (a single sample: {scores[:, 0].mean():.3f})")
+  experiment.write_json(path, {"n": c.n, "ids": [e.id for e in examples], "winners": texts})
+  return [dataclasses.replace(e, reference=t) for e, t in zip(examples, texts)]
+
+
+def run(config, workdir: str) -> Any:
+  exp = experiment.prepare(config, workdir)
+  sft_params = sft.load_policy(exp)
+  state = sft.train(exp, TASK, winners(exp, sft_params), sft_params)
+  outputs.save_policy(exp, TASK, state.params, sft_params)
+  return state

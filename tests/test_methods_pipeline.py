@@ -1,0 +1,116 @@
+"""The tiny pipeline's later stages: PPO's logs and resumption, best-of-N's curve, expert iteration's
+winners, and task=eval's leaderboard and plot."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from rlhfjax import main
+from rlhfjax.algorithms import best_of_n
+from rlhfjax.algorithms import ppo
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics as metrics_lib
+
+TRL_NAMES = ("objective/kl", "objective/entropy", "objective/scores", "objective/rlhf_reward",
+             "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/ratio",
+             "val/num_eos_tokens", "objective/gold", "time/episodes_per_s",
+             "time/generation_share")
+
+
+def test_ppo_logs_what_practitioners_look_for(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  logged = metrics_lib.read_jsonl(f"{workdir}/ppo/metrics.jsonl")
+  assert sorted(logged) == list(range(config.ppo.steps + 1))
+  for name in TRL_NAMES:
+    assert name in logged[config.ppo.steps], name
+  assert 0 < logged[1]["time/generation_share"] < 1
+  # The held-out curve starts at the SFT policy itself: KL 0.
+  assert logged[0]["eval/kl"] == pytest.approx(0.0, abs=1e-5)
+  assert {"eval/rm_score", "eval/gold", "eval/win_rate"} <= set(logged[config.ppo.steps])
+
+
+def test_ppo_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
+  config, workdir = tiny_pipeline
+  exp = experiment.prepare(config, workdir)
+  straight = ppo.load_policy(exp)
+  other = str(tmp_path / "resumed")
+  os.makedirs(other)
+  for name in ("tokenizer.model", "sft", "rm"):
+    src = os.path.join(workdir, name)
+    (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(other, name))
+  resumed_config = config.copy_and_resolve_references()
+  resumed_config.checkpoint.update(every=2)
+  resumed_config.stages = "ppo"
+  original = checkpoint.Checkpointer.should_save
+
+  def crash_after_2(self, step):
+    if step == 3:
+      self.wait()  # Step 2's asynchronous save completes, then the run dies.
+      raise KeyboardInterrupt
+    return original(self, step)
+
+  checkpoint.Checkpointer.should_save = crash_after_2
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      main.run(resumed_config, other)
+  finally:
+    checkpoint.Checkpointer.should_save = original
+  assert checkpoint.latest_step(f"{other}/ppo/checkpoints") == 2
+  main.run(resumed_config, other)
+  resumed = ppo.load_policy(experiment.prepare(resumed_config, other))
+  for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_best_of_n_curve(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  with open(f"{workdir}/best_of_n/curve.json") as f:
+    curve = json.load(f)
+  assert [p["n"] for p in curve] == [1, 2, 4]
+  assert [p["kl"] for p in curve] == [best_of_n.analytic_kl(n) for n in (1, 2, 4)]
+  rm = [p["rm_score"] for p in curve]
+  assert rm == sorted(rm)  # The best of more samples never scores lower under the RM.
+  with open(f"{workdir}/best_of_n/outputs.json") as f:
+    stored = json.load(f)
+  assert stored["n"] == 4 and len(stored["outputs"]) == config.eval.num_examples
+
+
+def test_expert_iteration_trains_on_the_winners(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  with open(f"{workdir}/expert_iteration/winners.json") as f:
+    stored = json.load(f)
+  assert stored["n"] == config.expert_iteration.n
+  assert len(stored["winners"]) == config.expert_iteration.num_prompts
+  logged = metrics_lib.read_jsonl(f"{workdir}/expert_iteration/metrics.jsonl")
+  assert max(logged) == config.expert_iteration.steps
+
+
+def test_leaderboard_and_plot(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  with open(f"{workdir}/eval/leaderboard.json") as f:
+    rows = json.load(f)
+  assert {r["method"] for r in rows} == {"SFT", "PPO", "best-of-4", "expert iteration"}
+  assert [r["win_rate"] for r in rows] == sorted((r["win_rate"] for r in rows), reverse=True)
+  for r in rows:
+    assert r["ci_low"] <= r["win_rate"] <= r["ci_high"]
+    assert (r["method"] == "SFT") == np.isnan(r["p_vs_sft"])
+  sft_row = next(r for r in rows if r["method"] == "SFT")
+  assert sft_row["kl"] == 0.0
+  with open(f"{workdir}/eval/leaderboard.csv") as f:
+    assert len(f.read().splitlines()) == 1 + len(rows)
+  with open(f"{workdir}/eval/overoptimization.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
+  config, workdir = tiny_pipeline
+  changed = config.copy_and_resolve_references()
+  changed.stages = "eval"
+  changed.eval.methods = "sft,dpo"
+  with pytest.raises(FileNotFoundError, match="task=dpo"):
+    main.run(changed, workdir)
