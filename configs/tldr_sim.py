@@ -90,6 +90,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
                             grad_clip=1.0, log_every=8, eval_every=16, eval_batches=4)
 
+  # DPO on the comparison files of task=rm, from and against the SFT policy: loss_type 'sigmoid'
+  # (DPO, with optional label smoothing) or 'ipo'.
+  c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
+               lr=1e-4, warmup_steps=10, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
+               eps=1e-8, weight_decay=0.0, grad_clip=1.0, log_every=10)
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
@@ -111,6 +117,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
+    c.dpo.update(batch_size=8, warmup_steps=1, log_every=2)
     c.expert_iteration.update(n=2, num_prompts=16, sample_batch_size=32, batch_size=8, steps=4,
                               log_every=2, eval_every=2, eval_batches=1)
     c.eval.update(num_examples=8, batch_size=8, show=1)

@@ -17,6 +17,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from rlhfjax.algorithms import best_of_n
+from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
@@ -32,6 +33,7 @@ TASKS: dict[str, Callable] = {
     "ppo": ppo.run,
     "best_of_n": best_of_n.run,
     "expert_iteration": expert_iteration.run,
+    "dpo": dpo.run,
     "eval": leaderboard.run,
 }
 

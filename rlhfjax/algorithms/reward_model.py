@@ -101,7 +101,8 @@ def comparison_files(exp: experiment.Experiment) -> dict[str, str]:
           "valid": c.valid_file or os.path.join(exp.workdir, "label", "valid.jsonl")}
 
 
-def _load_comparisons(path: str, layout: str) -> list[records.Comparison]:
+def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
+  """The usable comparisons of `path`; malformed lines are reported (file:line) and skipped."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
@@ -216,7 +217,7 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   c = exp.config.rm
   if c.normalize not in NORMALIZE:
     raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
-  val_comps = _load_comparisons(files["valid"], c.layout)
+  val_comps = load_comparisons(files["valid"], c.layout)
   meta = _meta(exp, files)
   model_dir = f"{exp.workdir}/rm/model"
   if checkpoint.latest_step(model_dir) == 1:
@@ -226,7 +227,7 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
                         "use a new --workdir or restore the old settings")
     metrics_lib.info(f"reward model already trained: {model_dir}")
     return params, stored
-  train_comps = _load_comparisons(files["train"], c.layout)
+  train_comps = load_comparisons(files["train"], c.layout)
   sft_params = sft.load_policy(exp)
   state = train(exp, sft_params, train_comps, val_comps, meta)
   params, norm = state.params, {"mean": 0.0, "gain": 1.0, "count": 0}
@@ -263,10 +264,10 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
-  val_comps = _load_comparisons(files["valid"], c.layout)
+  val_comps = load_comparisons(files["valid"], c.layout)
   # Training accuracy on as many training pairs as there are held-out ones.
   train_pref, train_labels, _ = _judge(
-      params, exp, _load_comparisons(files["train"], c.layout)[:len(val_comps)])
+      params, exp, load_comparisons(files["train"], c.layout)[:len(val_comps)])
   rm_pref, labels, margin = _judge(params, exp, val_comps)
   a = [x.response_a for x in val_comps]
   b = [x.response_b for x in val_comps]
