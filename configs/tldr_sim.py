@@ -90,6 +90,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
                             grad_clip=1.0, log_every=8, eval_every=16, eval_batches=4)
 
+  # Binary FeedME (SFT on the preferred responses) and binary reward conditioning (both responses,
+  # after a positive / negative control line; answers after the positive one): SFT settings on
+  # the comparison files of task=rm, starting from the SFT policy.
+  sft_like = dict(batch_size=32, steps=125, lr=1e-3, warmup_steps=0, schedule="cosine",
+                  end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                  log_every=25, eval_every=125, eval_batches=4)
+  c.feedme = dict(sft_like)
+  c.reward_conditioning = dict(sft_like, steps=250, positive="Quality: good",
+                               negative="Quality: bad")
+
   # DPO on the comparison files of task=rm, from and against the SFT policy: loss_type 'sigmoid'
   # (DPO, with optional label smoothing) or 'ipo'.
   c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
@@ -118,6 +128,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
     c.dpo.update(batch_size=8, warmup_steps=1, log_every=2)
+    for block in (c.feedme, c.reward_conditioning):
+      block.update(batch_size=8, steps=4, log_every=2, eval_every=2, eval_batches=1)
     c.expert_iteration.update(n=2, num_prompts=16, sample_batch_size=32, batch_size=8, steps=4,
                               log_every=2, eval_every=2, eval_batches=1)
     c.eval.update(num_examples=8, batch_size=8, show=1)

@@ -19,7 +19,9 @@ from ml_collections import config_flags
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
+from rlhfjax.algorithms import feedme
 from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import reward_conditioning
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
@@ -34,6 +36,8 @@ TASKS: dict[str, Callable] = {
     "best_of_n": best_of_n.run,
     "expert_iteration": expert_iteration.run,
     "dpo": dpo.run,
+    "feedme": feedme.run,
+    "reward_conditioning": reward_conditioning.run,
     "eval": leaderboard.run,
 }
 

@@ -12,6 +12,7 @@ import pytest
 from rlhfjax import main
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import ppo
+from rlhfjax.data import formats
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
@@ -114,3 +115,28 @@ def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
   changed.eval.methods = "sft,dpo"
   with pytest.raises(FileNotFoundError, match="task=dpo"):
     main.run(changed, workdir)
+
+
+def test_feedme_and_reward_conditioning(tiny_pipeline):
+  from rlhfjax.algorithms import reward_conditioning
+  from rlhfjax.algorithms import reward_model
+  from rlhfjax.feedback import records
+  config, workdir = tiny_pipeline
+  changed = config.copy_and_resolve_references()
+  changed.stages = "feedme,reward_conditioning"
+  main.run(changed, workdir)
+  for method in ("feedme", "reward_conditioning"):
+    with open(f"{workdir}/{method}/outputs.json") as f:
+      assert len(json.load(f)["outputs"]) == config.eval.num_examples
+  # Reward conditioning trains on chosen after the positive code and rejected after the negative.
+  exp = experiment.prepare(config, workdir)
+  comps = reward_model.load_comparisons(f"{workdir}/label/train.jsonl", "openai")[:3]
+  data = reward_conditioning.conditioned_data(exp, comps, "Quality: good", "Quality: bad")
+  tok = exp.tokenizer
+  chosen, rejected = zip(*records.preferred(comps))
+  for i in range(3):
+    assert tok.decode(data["prompt"][i][data["prompt_mask"][i]]).startswith("Quality: good\n")
+    assert tok.decode(data["prompt"][3 + i][data["prompt_mask"][3 + i]]).startswith("Quality: bad\n")
+    for row, text in ((i, chosen[i]), (3 + i, rejected[i])):
+      expected = formats.response_tokens(tok, text, config.format.response_len)
+      assert data["response"][row][data["response_mask"][row]].tolist() == expected

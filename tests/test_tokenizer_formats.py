@@ -63,6 +63,15 @@ def test_prompt_truncates_whole_sentences(tok):
   assert text.endswith("POST: My boyfriend forgot my birthday. I feel hurt.\nTL;DR:")
 
 
+def test_control_code_precedes_the_prompt_and_survives_truncation(tok):
+  post = "My boyfriend forgot my birthday. I feel hurt. We have been together for 3 years!"
+  plain = formats.tldr_prompt(tok, "relationships", "Help", post, 10_000)
+  ids = formats.tldr_prompt(tok, "relationships", "Help", post, len(plain) - 1, "Quality: {good}")
+  text = tok.decode(ids)
+  assert text.startswith("Quality: {good}\nSUBREDDIT: r/relationships\nTITLE: Help\nPOST: ")
+  assert text.endswith("\nTL;DR:") and len(ids) <= len(plain) - 1
+
+
 def test_prompt_cuts_tokens_when_first_sentence_too_long(tok):
   post = "My boyfriend forgot my birthday and " * 10 + "I feel hurt."
   head = len(formats.tldr_prompt(tok, "r", "t", "", 10_000))

@@ -20,6 +20,7 @@ import jax
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
+from rlhfjax.data import pipeline
 from rlhfjax.data import world
 from rlhfjax.evaluation import outputs
 from rlhfjax.training import experiment
@@ -53,6 +54,9 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[world.Example]:
 def run(config, workdir: str) -> Any:
   exp = experiment.prepare(config, workdir)
   sft_params = sft.load_policy(exp)
-  state = sft.train(exp, TASK, winners(exp, sft_params), sft_params)
+  fmt = config.format
+  data = pipeline.encode_sft(exp.tokenizer, winners(exp, sft_params), fmt.prompt_len,
+                             fmt.response_len)
+  state = sft.train(exp, TASK, data, sft_params)
   outputs.save_policy(exp, TASK, state.params, sft_params)
   return state

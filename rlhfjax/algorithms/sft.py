@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,6 @@ import numpy as np
 import optax
 
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
 from rlhfjax.evaluation import outputs
 from rlhfjax.evaluation import summaries
 from rlhfjax.models import generate
@@ -54,21 +53,21 @@ def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg:
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
 
 
-def train(exp: experiment.Experiment, task: str = "sft",
-          examples: Sequence[world.Example] | None = None, init_params: Any = None) -> TrainState:
+def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | None = None,
+          init_params: Any = None) -> TrainState:
   """Trains (or resumes) supervised fine-tuning in `<workdir>/<task>` and returns the final state.
 
-  Optimisation settings come from config block `task`; the targets are the `reference` fields of
-  `examples` (default: the SFT split); training starts from `init_params` (default: a fresh model).
-  Expert iteration and binary FeedME are this loop on other targets.
+  Optimisation settings come from config block `task`; `data` holds prompts and target responses
+  (default: the SFT split and its references); training starts from `init_params` (default: a
+  fresh model). Expert iteration, binary FeedME and reward conditioning are this loop on other data.
   """
   config, c = exp.config, exp.config[task]
   plen, rlen = config.format.prompt_len, config.format.response_len
-  examples = exp.splits["sft"] if examples is None else examples
-  data = pipeline.encode_sft(exp.tokenizer, examples, plen, rlen)
+  if data is None:
+    data = pipeline.encode_sft(exp.tokenizer, exp.splits["sft"], plen, rlen)
   val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"][:c.eval_batches * c.batch_size],
                             plen, rlen)
-  n_train = len(examples)
+  n_train = len(data["prompt"])
   tx = optimizer.adamw(c, c.steps)
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
   if init_params is None:

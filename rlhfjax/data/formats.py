@@ -27,19 +27,22 @@ def boundaries(text: str) -> list[int]:
 
 
 def tldr_prompt(tokenizer: Tokenizer, subreddit: str, title: str, post: str,
-                max_tokens: int) -> list[int]:
-  """Encodes a TL;DR prompt in at most `max_tokens` tokens, truncating the post if needed."""
+                max_tokens: int, control: str = "") -> list[int]:
+  """Encodes a TL;DR prompt in at most `max_tokens` tokens, truncating the post if needed.
+
+  A `control` code (reward conditioning, Quark) goes on a line of its own before the prompt.
+  """
   post = post.strip()
-  ids = tokenizer.encode(TLDR_FORMAT.format(subreddit=subreddit, title=title, post=post))
+  fmt = f"{control.replace('{', '{{').replace('}', '}}')}\n{TLDR_FORMAT}" if control else TLDR_FORMAT
+  ids = tokenizer.encode(fmt.format(subreddit=subreddit, title=title, post=post))
   if len(ids) <= max_tokens:
     return ids
   for cut in reversed(boundaries(post)):
-    ids = tokenizer.encode(
-        TLDR_FORMAT.format(subreddit=subreddit, title=title, post=post[:cut].rstrip()))
+    ids = tokenizer.encode(fmt.format(subreddit=subreddit, title=title, post=post[:cut].rstrip()))
     if len(ids) <= max_tokens:
       return ids
   # Not even the first sentence fits: cut the post's tokens, keeping the frame intact.
-  head, tail = TLDR_FORMAT.format(subreddit=subreddit, title=title, post="\0").split("\0")
+  head, tail = fmt.format(subreddit=subreddit, title=title, post="\0").split("\0")
   head_ids, tail_ids = tokenizer.encode(head), tokenizer.encode(tail)
   budget = max_tokens - len(head_ids) - len(tail_ids)
   if budget <= 0:

@@ -50,8 +50,11 @@ def posts_of(comparisons: Sequence[records.Comparison]) -> list[Post]:
 
 
 def encode_prompts(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | world.Example],
-                   prompt_len: int) -> Batch:
-  ids = [formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len) for e in posts]
+                   prompt_len: int, controls: Sequence[str] | None = None) -> Batch:
+  """Left-padded TL;DR prompts, each after its control code if `controls` are given."""
+  controls = [""] * len(posts) if controls is None else controls
+  ids = [formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len, c)
+         for e, c in zip(posts, controls, strict=True)]
   prompt, prompt_mask = formats.pad(ids, prompt_len, tok.pad_id, "left")
   return {"prompt": prompt, "prompt_mask": prompt_mask}
 
@@ -72,11 +75,18 @@ def encode_comparisons(tok: tokenizer_lib.Tokenizer, comparisons: Sequence[recor
           **encode_responses(tok, rejected, response_len, "rejected")}
 
 
+def encode_targets(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | world.Example],
+                   texts: Sequence[str], prompt_len: int, response_len: int,
+                   controls: Sequence[str] | None = None) -> Batch:
+  """Prompts (after their control codes, if given) with target responses, for supervised steps."""
+  return {**encode_prompts(tok, posts, prompt_len, controls),
+          **encode_responses(tok, texts, response_len)}
+
+
 def encode_sft(tok: tokenizer_lib.Tokenizer, examples: Sequence[world.Example], prompt_len: int,
                response_len: int) -> Batch:
   """Prompts with their reference summaries as responses."""
-  return {**encode_prompts(tok, examples, prompt_len),
-          **encode_responses(tok, [e.reference for e in examples], response_len)}
+  return encode_targets(tok, examples, [e.reference for e in examples], prompt_len, response_len)
 
 
 def prompt_and(batch: Mapping[str, Any], response: str = "response") -> tuple[jax.Array, jax.Array]:

@@ -43,13 +43,15 @@ def test_examples(exp: experiment.Experiment) -> list[world.Example]:
   return exp.splits["test"][:exp.config.eval.num_examples]
 
 
-def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params: Any) -> None:
-  """Answers the test prompts with `params` and saves them with the policy's KL to SFT."""
+def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params: Any,
+                control: str = "") -> None:
+  """Answers the test prompts with `params` (after `control`, for the conditioned methods) and
+  saves them with the policy's KL to SFT."""
   e = exp.config.eval
   examples = test_examples(exp)
   key = jax.random.key(exp.config.seed + 1)
   texts, _ = policies.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
-                                   top_k=e.top_k, top_p=e.top_p)
+                                   top_k=e.top_k, top_p=e.top_p, control=control)
   _, kl = policies.sample_texts(exp, params, examples, jax.random.fold_in(key, 1), 1.0,
-                                e.batch_size, sft_params)
+                                e.batch_size, sft_params, control=control)
   save(exp, method, examples, texts, float(np.mean(kl)), temperature=e.temperature)

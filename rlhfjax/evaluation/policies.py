@@ -56,10 +56,13 @@ _kl_fn = jax.jit(_kl, static_argnames=("cfg", "temperature"))
 
 def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[world.Example],
                  rng: jax.Array, temperature: float, batch_size: int, ref_params: Any = None,
-                 top_k: int = 0, top_p: float = 1.0) -> tuple[list[str], np.ndarray | None]:
+                 top_k: int = 0, top_p: float = 1.0,
+                 control: str = "") -> tuple[list[str], np.ndarray | None]:
   """One response per example, and (with `ref_params`) each sample's KL estimate to the reference
-  (only meaningful without top-k/top-p truncation)."""
-  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
+  (only meaningful without top-k/top-p truncation). A `control` code goes before each prompt
+  (the reference then sees the same prompt)."""
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len,
+                                    [control] * len(examples))
   texts, kls = [], []
   for i, (b, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
     batch = sample_batch(params, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
