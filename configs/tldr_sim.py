@@ -100,6 +100,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.reward_conditioning = dict(sft_like, steps=250, positive="Quality: good",
                                negative="Quality: bad")
 
+  # Quark, top-quantile variant: each round the policy answers prompts_per_round unlabeled posts
+  # after `control`; the RM's top 1/num_bins answers become the pool (reset every round); then
+  # steps_per_round steps of NLL + kl_coef * KL to SFT.
+  c.quark = dict(rounds=4, prompts_per_round=512, sample_batch_size=256, num_bins=5,
+                 temperature=1.0, control="Reward: top", kl_coef=0.05, steps_per_round=8,
+                 batch_size=32, lr=3e-4, warmup_steps=0, schedule="constant", end_lr_frac=1.0,
+                 b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+
   # DPO on the comparison files of task=rm, from and against the SFT policy: loss_type 'sigmoid'
   # (DPO, with optional label smoothing) or 'ipo'.
   c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
@@ -128,6 +136,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
     c.dpo.update(batch_size=8, warmup_steps=1, log_every=2)
+    c.quark.update(rounds=2, prompts_per_round=16, sample_batch_size=8, num_bins=4,
+                   steps_per_round=2, batch_size=4)
     for block in (c.feedme, c.reward_conditioning):
       block.update(batch_size=8, steps=4, log_every=2, eval_every=2, eval_batches=1)
     c.expert_iteration.update(n=2, num_prompts=16, sample_batch_size=32, batch_size=8, steps=4,

@@ -21,6 +21,7 @@ from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
 from rlhfjax.algorithms import feedme
 from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import quark
 from rlhfjax.algorithms import reward_conditioning
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
@@ -38,6 +39,7 @@ TASKS: dict[str, Callable] = {
     "dpo": dpo.run,
     "feedme": feedme.run,
     "reward_conditioning": reward_conditioning.run,
+    "quark": quark.run,
     "eval": leaderboard.run,
 }
 

@@ -140,3 +140,36 @@ def test_feedme_and_reward_conditioning(tiny_pipeline):
     for row, text in ((i, chosen[i]), (3 + i, rejected[i])):
       expected = formats.response_tokens(tok, text, config.format.response_len)
       assert data["response"][row][data["response_mask"][row]].tolist() == expected
+
+
+def test_quark_pool_and_loss(tiny_pipeline):
+  import jax.numpy as jnp
+  from rlhfjax.algorithms import quark
+  from rlhfjax.models import transformer
+  from rlhfjax.models.config import ModelConfig
+  np.testing.assert_array_equal(quark.top_quantile(np.array([0.1, 0.9, 0.5, 0.7, 0.2]), 2),
+                                [1, 3])
+  # At the start (policy = reference, same prompt) the KL term is exactly 0.
+  cfg = ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
+                    max_len=16)
+  params = transformer.init(jax.random.key(0), cfg)
+  prompt = jnp.array([[3, 4, 5]])
+  batch = {"prompt": prompt, "prompt_mask": jnp.ones((1, 3), bool), "ref_prompt": prompt,
+           "ref_prompt_mask": jnp.ones((1, 3), bool), "response": jnp.array([[6, 7, 0]]),
+           "response_mask": jnp.array([[True, True, False]])}
+  loss, m = quark.quark_loss(params, params, batch, cfg, kl_coef=0.5)
+  assert float(m["train/kl"]) == pytest.approx(0.0, abs=1e-6)
+  assert float(loss) == pytest.approx(float(m["train/nll"]), rel=1e-6)
+  # A different reference prompt makes the KL positive.
+  other = {**batch, "ref_prompt": jnp.array([[9, 9, 9]])}
+  assert float(quark.quark_loss(params, params, other, cfg, kl_coef=0.5)[1]["train/kl"]) > 0
+
+  config, workdir = tiny_pipeline
+  changed = config.copy_and_resolve_references()
+  changed.stages = "quark"
+  main.run(changed, workdir)
+  logged = metrics_lib.read_jsonl(f"{workdir}/quark/metrics.jsonl")
+  assert sorted(logged) == [1, 2]
+  assert all(m["quark/pool_score"] >= m["quark/score"] for m in logged.values())
+  with open(f"{workdir}/quark/outputs.json") as f:
+    assert len(json.load(f)["outputs"]) == config.eval.num_examples

@@ -15,17 +15,25 @@ from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
 
-def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
-                         dropout_rng: jax.Array | None = None,
-                         temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
-  entropy of that distribution; both [B, R] and 0 at padding."""
+def response_distributions(params, batch: pipeline.Batch, cfg: ModelConfig,
+                           dropout_rng: jax.Array | None = None,
+                           temperature: float = 1.0) -> jax.Array:
+  """log softmax(logits / temperature) over the vocabulary at every response position [B, R, V]:
+  the distribution each response token was drawn from."""
   tokens, mask = pipeline.prompt_and(batch)
   hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
   prompt_len = batch["prompt"].shape[1]
   # Position t predicts token t+1: the last prompt column predicts the first response token.
   logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg) / temperature
-  logp_all = jax.nn.log_softmax(logits)
+  return jax.nn.log_softmax(logits)
+
+
+def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
+                         dropout_rng: jax.Array | None = None,
+                         temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
+  entropy of that distribution; both [B, R] and 0 at padding."""
+  logp_all = response_distributions(params, batch, cfg, dropout_rng, temperature)
   logp = jnp.take_along_axis(logp_all, batch["response"][..., None], -1)[..., 0]
   entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
   m = batch["response_mask"]
