@@ -43,6 +43,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
                log_every=25, eval_every=100, eval_batches=4)
 
+  # Evaluation on the first num_examples test posts: every method answers at `temperature` (0.7,
+  # as AlpacaFarm decodes; 0: greedy); task=eval judges `methods` against the references with the
+  # evaluation pool and plots the over-optimisation curves (add other PPO workdirs, e.g. a beta
+  # sweep, with ppo_runs).
+  c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.7, top_k=0, top_p=1.0,
+                methods="sft,ppo,best_of_n,expert_iteration", ppo_runs="")
+
   # Simulated annotators (AlpacaFarm-style pool for the simulated world): each member's traits are
   # drawn uniformly from these (low, high) ranges. Utility = weights . gold components + length_bias
   # per word; P(first shown wins) = sigmoid(du / temperature + position_bias). Training labels are
@@ -80,8 +87,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
                log_every=1, eval_every=10, eval_examples=128)
 
-  # Best-of-N: n SFT samples at `temperature`, the RM picks; the curve covers n = 1, 2, 4, ..., n.
-  c.best_of_n = dict(n=16, temperature=1.0, batch_size=256)
+  # Best-of-N: n SFT samples at `temperature` (by default the evaluation's, so best-of-1 is the SFT
+  # row of the leaderboard), the RM picks; the curve covers n = 1, 2, 4, ..., n.
+  c.best_of_n = dict(n=16, temperature=c.eval.get_ref("temperature"), batch_size=256)
 
   # Expert iteration: best-of-n (RM) on num_prompts unlabeled posts, then SFT from the SFT policy on
   # the winners with these optimiser settings.
@@ -116,12 +124,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
-
-  # Evaluation on the first num_examples test posts: each method answers at `temperature` (0:
-  # greedy); task=eval judges `methods` against the references with the evaluation pool and plots
-  # the over-optimisation curves (add other PPO workdirs, e.g. a beta sweep, with ppo_runs).
-  c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.0, top_k=0, top_p=1.0,
-                methods="sft,ppo,best_of_n,expert_iteration", ppo_runs="")
 
   if arg == "tiny":
     c.data.update(sft=256, pref=64, unlabeled=64, validation=32, test=32)
