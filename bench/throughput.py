@@ -32,7 +32,7 @@ from rlhfjax.training.state import TrainState
 _MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
-def _timeit(fn, repeats: int) -> float:
+def timeit(fn, repeats: int) -> float:
   """Best-of-3 mean seconds per call after one warm-up call (compilation excluded)."""
   jax.block_until_ready(fn())
   best = float("inf")
@@ -49,7 +49,7 @@ def matmul_peak(n: int = 2048) -> float:
   """Measured float32 matmul FLOP/s."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
-  return 2 * n**3 / _timeit(lambda: f(a), 5)
+  return 2 * n**3 / timeit(lambda: f(a), 5)
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -92,7 +92,7 @@ def main() -> None:
   scfg = sampling.SamplingConfig(max_new_tokens=rlen, temperature=1.0, eos_id=-1, pad_id=0)
   prompts = rng.integers(4, mcfg.vocab_size, (args.sample_batch, plen), dtype=np.int32)
   pmask = np.ones_like(prompts, bool)
-  sample_s = _timeit(lambda: sampling.sample(params, prompts, pmask, jax.random.key(1), mcfg, scfg), 2)
+  sample_s = timeit(lambda: sampling.sample(params, prompts, pmask, jax.random.key(1), mcfg, scfg), 2)
 
   # SFT step: forward + backward + AdamW on a full batch.
   tx = optimizer.adamw(config.sft, config.sft.steps)
@@ -102,7 +102,7 @@ def main() -> None:
           "response": rng.integers(4, mcfg.vocab_size, (batch, rlen), dtype=np.int32),
           "response_mask": np.ones((batch, rlen), bool)}
   state = TrainState.create(params, tx)
-  step_s = _timeit(lambda: step(state, data, jax.random.key(2))[1]["train/loss"], 5)
+  step_s = timeit(lambda: step(state, data, jax.random.key(2))[1]["train/loss"], 5)
 
   seq = plen + rlen
   flops_per_token = 6 * matmul_params(mcfg) + 12 * mcfg.n_layers * mcfg.d_model * seq

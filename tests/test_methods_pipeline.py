@@ -112,8 +112,8 @@ def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
   config, workdir = tiny_pipeline
   changed = config.copy_and_resolve_references()
   changed.stages = "eval"
-  changed.eval.methods = "sft,dpo"
-  with pytest.raises(FileNotFoundError, match="task=dpo"):
+  changed.eval.methods = "sft,nonexistent"
+  with pytest.raises(FileNotFoundError, match="task=nonexistent"):
     main.run(changed, workdir)
 
 

@@ -1,10 +1,12 @@
 """A decoder-only transformer as pure functions over an explicit parameter pytree.
 
 `init(rng, cfg) -> params`, `forward(params, tokens, cfg, ...) -> (hidden, cache)`,
-`lm_logits(params, hidden, cfg) -> logits`. Layers are stacked on a leading `layers` axis and run
-with `lax.scan`, so compile time does not grow with depth. `param_axes(cfg)` names every parameter
-dimension with a logical axis (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`);
-sharding rules map those names to mesh axes.
+`lm_logits(params, hidden, cfg) -> logits`, and for sampling `init_cache` / `prefill`. Layers are
+stacked on a leading `layers` axis and run with `lax.scan`, so compile time does not grow with depth;
+only a forward through a KV cache (a decode step) unrolls them, so that each layer's cache is its own
+buffer, updated in place. `param_axes(cfg)` names every parameter dimension with a logical axis
+(`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`); sharding rules map those names
+to mesh axes.
 
 Variants: `gpt2` (learned positions, LayerNorm, GELU, biases) and `llama` (RoPE in the rotate-half
 form, RMSNorm, SwiGLU, grouped-query attention, no biases), the latter laid out like Hugging Face's
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 from rlhfjax.models.config import ModelConfig
 
 Params = dict[str, Any]
-Cache = dict[str, jax.Array]
+Cache = dict[str, Any]  # {'k': [per-layer arrays], 'v': [...], 'mask': array}; see init_cache.
 
 _NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
 
@@ -175,13 +177,6 @@ def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Ar
   return out
 
 
-def _attention(p: Params, x: jax.Array, positions: jax.Array, allowed: jax.Array, cfg: ModelConfig,
-               rng: jax.Array | None) -> jax.Array:
-  """Multi-head attention with grouped k/v heads over the tokens themselves (no cache)."""
-  q, k, v = _qkv(p, x, positions, cfg)
-  return _attend(p, q, k, v, allowed, cfg, rng, heads_major=False)
-
-
 def _mlp(p: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
   dt = x.dtype
   if cfg.variant == "gpt2":
@@ -199,12 +194,15 @@ def positions_from_mask(mask: jax.Array) -> jax.Array:
 def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
   """An empty KV cache for `length` tokens.
 
-  k and v are [layers, B, kv_heads, length, Dh]: heads before slots, so attention reads each layer's
-  cache as it lies (no transpose of the whole cache per decoded token).
+  "k" and "v" hold one [B, kv_heads, length, Dh] array per layer (heads before slots, so attention
+  reads a layer's cache as it lies), "mask" [B, length] marks the real slots. Separate per-layer
+  buffers, rather than one stacked array, let XLA update each in place and feed it to the attention
+  matmuls without first copying the layer out: on a CPU that copy dominated a decode step.
   """
-  shape = (cfg.n_layers, batch, cfg.n_kv_heads, length, cfg.dim_per_head)
+  shape = (batch, cfg.n_kv_heads, length, cfg.dim_per_head)
   dt = jnp.dtype(cfg.dtype)
-  return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt),
+  return {"k": [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)],
+          "v": [jnp.zeros(shape, dt) for _ in range(cfg.n_layers)],
           "mask": jnp.zeros((batch, length), bool)}
 
 
@@ -215,8 +213,29 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
   """Final hidden states [B,T,D] of `tokens`, and the updated cache if one was given.
 
   With a cache, the tokens occupy cache slots `cache_index .. cache_index + T - 1` and attend to
-  every earlier real slot; `positions` must then be given (or derive from the cache's mask).
+  every earlier real slot; `positions` must then be given (or derive from the cache's mask). The
+  cached path unrolls the layers (a decode step is small), so each layer's cache stays its own buffer.
   """
+  hidden, cache, _ = _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng)
+  return hidden, cache
+
+
+def prefill(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Array | None = None,
+            length: int) -> tuple[jax.Array, Cache]:
+  """`forward` of a prompt into a fresh cache of `length` slots, i.e. the same result as
+  `forward(params, tokens, cfg, mask=mask, cache=init_cache(cfg, B, length), cache_index=0)`, but the
+  prompt attends over its own T slots only (not all `length`) and the layers stay a `lax.scan`."""
+  b, t = tokens.shape
+  mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
+  hidden, _, (k, v) = _forward(params, tokens, cfg, mask, None, None, 0, None, keep_kv=True)
+  dt = jnp.dtype(cfg.dtype)
+  pad = ((0, 0), (0, 0), (0, 0), (0, length - t), (0, 0))
+  k, v = (jnp.pad(a.transpose(0, 1, 3, 2, 4).astype(dt), pad) for a in (k, v))  # [L,B,KV,S,Dh]
+  return hidden, {"k": list(k), "v": list(v), "mask": jnp.pad(mask, ((0, 0), (0, length - t)))}
+
+
+def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng, keep_kv=False):
+  """`forward`, and with `keep_kv` (no cache) also every layer's keys and values [L,B,T,KV,Dh]."""
   b, t = tokens.shape
   mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
   cache_index = jnp.asarray(cache_index, jnp.int32)
@@ -242,59 +261,39 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
   if rngs is not None:
     x = _dropout(x, cfg.dropout, rngs[-1])
 
-  def block(x, p, rng, attend):
+  def block(x, p, rng, kv):
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
-    x = x + _dropout(attend(p["attn"], _norm(x, p["attn_norm"], cfg), r[0]), cfg.dropout, r[1])
+    q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg)
+    if kv is None:  # Attend over the tokens themselves.
+      h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False)
+      kv = (k, v) if keep_kv else None
+    else:  # Write this call's keys/values at their slots, then attend over the whole cache.
+      start = (0, 0, cache_index, 0)
+      kv = tuple(jax.lax.dynamic_update_slice(c, new.transpose(0, 2, 1, 3).astype(c.dtype), start)
+                 for c, new in zip(kv, (k, v)))
+      h = _attend(p["attn"], q, *kv, allowed, cfg, r[0], heads_major=True)
+    x = x + _dropout(h, cfg.dropout, r[1])
     x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg), cfg.dropout, r[2])
-    return x
+    return x, kv
 
+  if cfg.remat:
+    block = jax.checkpoint(block)
   layer_rngs = None if rngs is None else rngs[:-1]
   if cache is None:
     def layer(x, inputs):
-      p, rng = inputs
-      return block(x, p, rng, lambda pa, h, r: _attention(pa, h, positions, allowed, cfg, r)), None
+      return block(x, *inputs, None)
 
-    if cfg.remat:
-      layer = jax.checkpoint(layer)
-    x, _ = jax.lax.scan(layer, x, (params["layers"], layer_rngs))
-    return _norm(x, params["final_norm"], cfg), None
+    x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs))
+    return _norm(x, params["final_norm"], cfg), None, kv
 
-  # The whole stacked cache rides in the scan's carry and each layer writes only its own T slots,
-  # so XLA updates it in place; passing it through xs/ys would copy every layer's cache per call.
-  def cached_layer(carry, inputs):
-    x, ck, cv = carry
-    p, i, rng = inputs
-    written = {}
-
-    def attend(pa, h, r):
-      q, k, v = _qkv(pa, h, positions, cfg)
-      ck_, cv_ = written["k"], written["v"]
-      start = (i, 0, 0, cache_index, 0)
-      ck_ = jax.lax.dynamic_update_slice(ck_, k.transpose(0, 2, 1, 3)[None].astype(ck_.dtype), start)
-      cv_ = jax.lax.dynamic_update_slice(cv_, v.transpose(0, 2, 1, 3)[None].astype(cv_.dtype), start)
-      written["k"], written["v"] = ck_, cv_
-      layer_k = jax.lax.dynamic_index_in_dim(ck_, i, 0, keepdims=False)
-      layer_v = jax.lax.dynamic_index_in_dim(cv_, i, 0, keepdims=False)
-      return _attend(pa, q, layer_k, layer_v, allowed, cfg, r, heads_major=True)
-
-    written["k"], written["v"] = ck, cv
-    x = block(x, p, rng, attend)
-    return (x, written["k"], written["v"]), None
-
-  if cfg.remat:
-    cached_layer = jax.checkpoint(cached_layer)
-  import os
-  if os.environ.get("UNROLL"):
-    carry = (x, cache["k"], cache["v"])
-    for l in range(cfg.n_layers):
-      p = jax.tree.map(lambda a: a[l], params["layers"])
-      carry, _ = cached_layer(carry, (p, l, None if layer_rngs is None else layer_rngs[l]))
-    x, ck, cv = carry
-  else:
-    (x, ck, cv), _ = jax.lax.scan(cached_layer, (x, cache["k"], cache["v"]),
-                                  (params["layers"], jnp.arange(cfg.n_layers), layer_rngs))
-  x = _norm(x, params["final_norm"], cfg)
-  return x, {"k": ck, "v": cv, "mask": key_mask}
+  ks, vs = [], []
+  for i in range(cfg.n_layers):
+    p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+    x, (k, v) = block(x, p, None if layer_rngs is None else layer_rngs[i],
+                      (cache["k"][i], cache["v"][i]))
+    ks.append(k)
+    vs.append(v)
+  return _norm(x, params["final_norm"], cfg), {"k": ks, "v": vs, "mask": key_mask}, None
 
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
