@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
-               log_every=1, eval_every=10, eval_examples=128)
+               log_every=1, eval_every=10, eval_examples=256)
 
   # Best-of-N: n SFT samples at `temperature` (by default the evaluation's, so best-of-1 is the SFT
   # row of the leaderboard), the RM picks; the curve covers n = 1, 2, 4, ..., n.

@@ -261,6 +261,8 @@ def train(exp: experiment.Experiment) -> PPOState:
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
   reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
+  curve_temperature = outputs.kl_temperature(exp)
   key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
 
   task_dir = exp.task_dir("ppo")
@@ -295,7 +297,7 @@ def train(exp: experiment.Experiment) -> PPOState:
     out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
     if done % c.eval_every == 0 or done == c.steps:
       point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
-                                   c.temperature, c.rollout_batch, reward_fn)
+                                   curve_temperature, c.rollout_batch, reward_fn)
       out.update({f"eval/{k}": v for k, v in point.items()})
       metrics_lib.info(f"ppo step {done}: RM score {m['objective/scores']:.3f}  KL "
                        f"{m['objective/kl']:.2f}  gold {m['objective/gold']:.3f} | held out: RM "
@@ -305,7 +307,7 @@ def train(exp: experiment.Experiment) -> PPOState:
 
   if start == 0:  # The curve's first point: the SFT policy itself.
     point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
-                                 c.temperature, c.rollout_batch, reward_fn)
+                                 curve_temperature, c.rollout_batch, reward_fn)
     writer.write(0, {f"eval/{k}": v for k, v in point.items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),

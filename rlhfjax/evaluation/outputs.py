@@ -1,6 +1,7 @@
 """Each method's responses on the test prompts, `<workdir>/<method>/outputs.json`: what task=eval
-judges. Policies answer at `eval.temperature` (0: greedy); their KL to SFT is estimated on samples at
-temperature 1 (the policy's own distribution); best-of-N stores its analytic KL.
+judges. Policies answer at `eval.temperature` (0: greedy). Their KL to SFT is that of the two
+samplers at the evaluation temperature (temperature 1 for greedy), estimated on the policy's own
+samples, so it compares with best-of-N's analytic KL to the SFT sampler it draws from.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def test_examples(exp: experiment.Experiment) -> list[world.Example]:
   return exp.splits["test"][:exp.config.eval.num_examples]
 
 
+def kl_temperature(exp: experiment.Experiment) -> float:
+  """The temperature at which methods are compared by KL: the evaluation's (1 for greedy)."""
+  return exp.config.eval.temperature if exp.config.eval.temperature > 0 else 1.0
+
+
 def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params: Any,
                 control: str = "") -> None:
   """Answers the test prompts with `params` (after `control`, for the conditioned methods) and
@@ -52,6 +58,6 @@ def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params
   key = jax.random.key(exp.config.seed + 1)
   texts, _ = policies.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
                                    top_k=e.top_k, top_p=e.top_p, control=control)
-  _, kl = policies.sample_texts(exp, params, examples, jax.random.fold_in(key, 1), 1.0,
-                                e.batch_size, sft_params, control=control)
+  _, kl = policies.sample_texts(exp, params, examples, jax.random.fold_in(key, 1),
+                                kl_temperature(exp), e.batch_size, sft_params, control=control)
   save(exp, method, examples, texts, float(np.mean(kl)), temperature=e.temperature)
