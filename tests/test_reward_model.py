@@ -152,3 +152,13 @@ def test_rm_without_comparisons_names_the_task(tmp_path):
   config.stages = "rm"
   with pytest.raises(FileNotFoundError, match="task=label"):
     main.run(config, str(tmp_path))
+
+
+def test_a_copied_workdir_keeps_its_reward_model(pipeline_run, tmp_path):
+  import shutil
+  config, workdir, report = pipeline_run
+  copy = str(tmp_path / "copy")
+  shutil.copytree(workdir, copy)
+  again = config.copy_and_resolve_references()
+  again.stages = "rm"
+  assert main.run(again, copy)["accuracy"] == report["accuracy"]  # Reused, not refused.

@@ -103,7 +103,7 @@ def train(exp: experiment.Experiment) -> TrainState:
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = {"model": dataclasses.asdict(exp.model), "files": files,
+  meta = {"model": dataclasses.asdict(exp.model), "files": reward_model.files_meta(exp, files),
           "dpo": {k: v for k, v in c.items() if k != "log_every"}}
   state = loop.restore_if_any(ckpt, state, meta)
 

@@ -101,6 +101,17 @@ def comparison_files(exp: experiment.Experiment) -> dict[str, str]:
           "valid": c.valid_file or os.path.join(exp.workdir, "label", "valid.jsonl")}
 
 
+def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, str]:
+  """`files` as recorded in checkpoint metadata: relative to the workdir when inside it, so a
+  copied or moved workdir still matches its checkpoints."""
+  root = os.path.abspath(exp.workdir)
+  out = {}
+  for k, path in files.items():
+    full = os.path.abspath(path)
+    out[k] = os.path.relpath(full, root) if full.startswith(root + os.sep) else full
+  return out
+
+
 def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
   """The usable comparisons of `path`; malformed lines are reported (file:line) and skipped."""
   if not os.path.exists(path):
@@ -126,7 +137,8 @@ def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
   """What determines the trained reward model; resuming under other values is refused."""
   skip = ("log_every", "eval_every", "eval_batch_size", "probe_examples", "bootstrap")
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
-          "rm": {k: v for k, v in exp.config.rm.items() if k not in skip}, "files": files}
+          "rm": {k: v for k, v in exp.config.rm.items() if k not in skip},
+          "files": files_meta(exp, files)}
 
 
 def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
