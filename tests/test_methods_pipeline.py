@@ -106,6 +106,14 @@ def test_leaderboard_and_plot(tiny_pipeline):
     assert len(f.read().splitlines()) == 1 + len(rows)
   with open(f"{workdir}/eval/overoptimization.png", "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  # Other workdirs' curves join the plot under their names.
+  from rlhfjax.evaluation import leaderboard
+  changed = config.copy_and_resolve_references()
+  changed.eval.compare_runs = workdir
+  lines = leaderboard.curves(experiment.prepare(changed, workdir))
+  name = os.path.basename(workdir)
+  assert list(lines) == ["PPO (β=0.05)", "best-of-N", f"PPO · {name} (β=0.05)", f"best-of-N · {name}"]
+  assert len(lines["PPO (β=0.05)"]) == config.ppo.steps // config.ppo.eval_every + 1
 
 
 def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):

@@ -7,9 +7,9 @@ p-value of a paired test against SFT, the mean gold reward, the mean length and 
 written as `<workdir>/eval/leaderboard.{md,csv,json}`.
 
 `<workdir>/eval/overoptimization.png` plots RM score, gold reward and win-rate against KL for PPO
-along training (its held-out evaluation points, for this workdir and any in `eval.ppo_runs`, e.g. a
-β sweep) and for best-of-N, N = 1, 2, 4, ...: the reward model's score keeps rising with KL while
-the gold reward peaks and falls.
+along training (its held-out evaluation points) and for best-of-N, N = 1, 2, 4, ..., for this
+workdir and any in `eval.compare_runs` (a β sweep, the same pipeline with noiseless labels): the
+reward model's score keeps rising with KL while the gold reward peaks and falls.
 """
 
 from __future__ import annotations
@@ -107,21 +107,30 @@ def _kl_coef(workdir: str) -> str:
     return str(json.load(f)["ppo"]["kl_coef"])
 
 
+def curves(exp: experiment.Experiment) -> dict[str, list[dict[str, float]]]:
+  """PPO's and best-of-N's curves of this workdir and of each workdir in `eval.compare_runs`."""
+  out = {}
+  for i, d in enumerate([exp.workdir] + [d for d in exp.config.eval.compare_runs.split(",") if d]):
+    name = "" if i == 0 else f" · {os.path.basename(os.path.normpath(d))}"
+    ppo = ppo_curve(d)
+    if ppo:
+      out[f"PPO{name} (β={_kl_coef(d)})"] = ppo
+    bon_path = os.path.join(d, "best_of_n", "curve.json")
+    if os.path.exists(bon_path):
+      with open(bon_path, encoding="utf-8") as f:
+        out[f"best-of-N{name}"] = json.load(f)
+  return out
+
+
 def plot(exp: experiment.Experiment, path: str) -> None:
-  """RM score, gold reward and win-rate against KL for PPO runs and best-of-N."""
-  runs = [exp.workdir] + [d for d in exp.config.eval.ppo_runs.split(",") if d]
-  curves = {f"PPO β={_kl_coef(d)}" if len(runs) > 1 else "PPO": ppo_curve(d) for d in runs}
-  bon_path = os.path.join(exp.workdir, "best_of_n", "curve.json")
-  if os.path.exists(bon_path):
-    with open(bon_path, encoding="utf-8") as f:
-      curves["best-of-N"] = json.load(f)
+  """RM score, gold reward and win-rate against KL for PPO along training and best-of-N."""
+  lines = curves(exp)
   fig = Figure(figsize=(13, 3.8))  # No pyplot: no global state, no display backend.
   axes = fig.subplots(1, 3)
   for ax, key, title in zip(axes, ("rm_score", "gold", "win_rate"),
                             ("reward model score", "gold reward", "win-rate vs reference (%)")):
-    for name, points in curves.items():
-      if points:
-        ax.plot([p["kl"] for p in points], [p[key] for p in points], "o-", ms=3, label=name)
+    for name, points in lines.items():
+      ax.plot([p["kl"] for p in points], [p[key] for p in points], "o-", ms=3, label=name)
     ax.set_xlabel("KL to SFT (nats)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
