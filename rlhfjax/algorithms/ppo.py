@@ -293,22 +293,24 @@ def train(exp: experiment.Experiment) -> PPOState:
     m["time/episodes_per_s"] = (step + 1 - start) * c.rollout_batch / timing["total"]
     return state, m
 
+  def held_out(params) -> dict[str, float]:
+    """One point of the over-optimisation curve, on the same posts and rng every time."""
+    return policies.curve_point(exp, params, ref_params, eval_examples, eval_key,
+                                curve_temperature, c.rollout_batch, reward_fn)
+
   def periodic(state, done, m) -> dict[str, float]:
     out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
     if done % c.eval_every == 0 or done == c.steps:
-      point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
-                                   curve_temperature, c.rollout_batch, reward_fn)
+      point = held_out(state.params["policy"])
       out.update({f"eval/{k}": v for k, v in point.items()})
       metrics_lib.info(f"ppo step {done}: RM score {m['objective/scores']:.3f}  KL "
                        f"{m['objective/kl']:.2f}  gold {m['objective/gold']:.3f} | held out: RM "
-                       f"{point['rm_score']:.3f} gold {point['gold']:.3f} win-rate {point['win_rate']:.1f}% KL "
-                       f"{point['kl']:.2f}")
+                       f"{point['rm_score']:.3f} gold {point['gold']:.3f} win-rate "
+                       f"{point['win_rate']:.1f}% KL {point['kl']:.2f}")
     return out
 
   if start == 0:  # The curve's first point: the SFT policy itself.
-    point = policies.curve_point(exp, state.params["policy"], ref_params, eval_examples, eval_key,
-                                 curve_temperature, c.rollout_batch, reward_fn)
-    writer.write(0, {f"eval/{k}": v for k, v in point.items()})
+    writer.write(0, {f"eval/{k}": v for k, v in held_out(state.params["policy"]).items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),
                    "ppo", meta)
