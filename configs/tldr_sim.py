@@ -44,11 +44,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                log_every=25, eval_every=100, eval_batches=4)
 
   # Evaluation on the first num_examples test posts: every method answers at `temperature` (0.7,
-  # as AlpacaFarm decodes; 0: greedy); task=eval judges `methods` against the references with the
-  # evaluation pool and plots the over-optimisation curves (compare_runs: other workdirs whose PPO
-  # and best-of-N curves join the plot, e.g. a beta sweep or noiseless labels).
+  # as AlpacaFarm decodes; 0: greedy); task=eval judges `methods` against `against` (the human
+  # 'reference' summaries, or another method's answers, e.g. 'sft') with the evaluation pool and
+  # plots the over-optimisation curves (compare_runs: other workdirs whose PPO and best-of-N curves
+  # join the plot, e.g. a beta sweep or noiseless labels).
   c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.7, top_k=0, top_p=1.0,
-                methods="sft,ppo,best_of_n,expert_iteration", compare_runs="")
+                methods="sft,ppo,best_of_n,expert_iteration", against="reference",
+                compare_runs="")
 
   # Simulated annotators (AlpacaFarm-style pool for the simulated world): each member's traits are
   # drawn uniformly from these (low, high) ranges. Utility = weights . gold components + length_bias

@@ -116,6 +116,25 @@ def test_leaderboard_and_plot(tiny_pipeline):
   assert len(lines["PPO (β=0.05)"]) == config.ppo.steps // config.ppo.eval_every + 1
 
 
+def test_eval_against_another_method(tiny_pipeline):
+  config, workdir = tiny_pipeline
+  changed = config.copy_and_resolve_references()
+  changed.stages = "eval"
+  changed.eval.against = "sft"
+  changed.eval.methods = "sft,best_of_n"
+  rows = main.run(changed, workdir)
+  assert {r["method"] for r in rows} == {"SFT", "best-of-4"}
+  from rlhfjax.evaluation import leaderboard
+  with open(f"{workdir}/sft/outputs.json") as f:
+    sft_answers = {o["id"]: o["output"] for o in json.load(f)["outputs"]}
+  assert leaderboard.baseline_texts(experiment.prepare(changed, workdir)) == sft_answers
+  with open(f"{workdir}/eval/leaderboard.md") as f:
+    assert "win-rate vs sft (%)" in f.read()
+  changed.eval.against = "reference"
+  changed.eval.methods = config.eval.methods
+  main.run(changed, workdir)  # Restore the default leaderboard.
+
+
 def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
   config, workdir = tiny_pipeline
   changed = config.copy_and_resolve_references()

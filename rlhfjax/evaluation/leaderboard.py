@@ -1,8 +1,8 @@
 """task=eval: the leaderboard (AlpacaFarm Table 1 style) and the over-optimisation plot.
 
 Every method in `eval.methods` has answered the same test prompts (`<workdir>/<method>/outputs.json`).
-The evaluation pool (no label flips) compares each answer with the reference summary, in a random
-order; the leaderboard gives the win-rate with its standard error and bootstrap 95% interval, the
+The evaluation pool (no label flips) compares each answer with the reference summary (or, with
+`eval.against=<method>`, with that method's answer), in a random order; the leaderboard gives the win-rate with its standard error and bootstrap 95% interval, the
 p-value of a paired test against SFT, the mean gold reward, the mean length and the KL to SFT. It is
 written as `<workdir>/eval/leaderboard.{md,csv,json}`.
 
@@ -41,9 +41,19 @@ def _label(method: str, stored: dict) -> str:
   return NAMES.get(method, method).format(**stored)
 
 
+def baseline_texts(exp: experiment.Experiment) -> dict[str, str]:
+  """What every method is compared with, by post id: the reference summaries
+  (`eval.against='reference'`) or the answers of the method named by `eval.against`."""
+  against = exp.config.eval.against
+  if against == "reference":
+    return {e.id: e.reference for e in exp.splits["test"]}
+  return {o["id"]: o["output"] for o in outputs.load(exp.workdir, against)["outputs"]}
+
+
 def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]]:
   """One leaderboard row per method, sorted by win-rate."""
   by_id = {e.id: e for e in exp.splits["test"]}
+  baseline = baseline_texts(exp)
   pool = annotators.pools(exp.config.annotators)["eval_pool"]
   rng = np.random.default_rng([exp.config.seed, 13])
   wins, rows, ids = {}, [], None
@@ -56,13 +66,14 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
       raise ConfigError(f"{outputs.path(exp.workdir, method)} answers other prompts than "
                         f"{outputs.path(exp.workdir, methods[0])}; rerun both with the same "
                         "eval.num_examples")
-    missing = [i for i in these if i not in by_id]
+    missing = [i for i in these if i not in by_id or i not in baseline]
     if missing:
       raise ConfigError(f"{outputs.path(exp.workdir, method)}: prompt {missing[0]!r} is not in the "
-                        "test split of this configuration")
+                        f"test split of this configuration or has no answer from "
+                        f"eval.against={exp.config.eval.against!r}")
     examples = [by_id[i] for i in these]
     texts = [o["output"] for o in stored["outputs"]]
-    wins[method] = winrate.wins_against(pool, examples, texts, [e.reference for e in examples], rng)
+    wins[method] = winrate.wins_against(pool, examples, texts, [baseline[i] for i in these], rng)
     rows.append({"method": _label(method, stored), **winrate.summarize(wins[method], rng),
                  "gold": float(gold.gold_rewards(examples, texts).mean()),
                  "length_words": float(np.mean([len(t.split()) for t in texts])),
@@ -73,8 +84,8 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
   return sorted(rows, key=lambda r: -r["win_rate"])
 
 
-def format_markdown(rows: list[dict[str, Any]]) -> str:
-  lines = ["| method | win-rate vs reference (%) | 95% interval | p vs SFT | gold reward | "
+def format_markdown(rows: list[dict[str, Any]], against: str = "reference") -> str:
+  lines = [f"| method | win-rate vs {against} (%) | 95% interval | p vs SFT | gold reward | "
            "length (words) | KL to SFT (nats) |", "|---|---|---|---|---|---|---|"]
   for r in rows:
     p = "" if np.isnan(r["p_vs_sft"]) else f"{r['p_vs_sft']:.3f}"
@@ -148,12 +159,13 @@ def run(config, workdir: str) -> list[dict[str, Any]]:
     raise ConfigError("eval.methods is empty")
   rows = table(exp, methods)
   out = exp.task_dir("eval")
-  md = format_markdown(rows)
+  md = format_markdown(rows, config.eval.against)
   experiment.write_text(f"{out}/leaderboard.md", md + "\n")
   experiment.write_text(f"{out}/leaderboard.csv", format_csv(rows))
   experiment.write_json(f"{out}/leaderboard.json", rows)
   plot(exp, f"{out}/overoptimization.png")
   metrics_lib.info(f"\nLeaderboard ({len(outputs.load(workdir, methods[0])['outputs'])} test "
-                   f"prompts, judged by the evaluation pool against the references):\n{md}\n"
+                   f"prompts, judged by the evaluation pool against {config.eval.against}):\n"
+                   f"{md}\n"
                    f"Over-optimisation plot: {out}/overoptimization.png")
   return rows
