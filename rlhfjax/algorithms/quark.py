@@ -100,7 +100,7 @@ def run(config, workdir: str) -> Any:
     response = np.concatenate([np.asarray(p["response"])[:n] for p, n in parts])
     response_mask = np.concatenate([np.asarray(p["response_mask"])[:n] for p, n in parts])
     answers = {**pipeline.take(plain, idx), "response": response, "response_mask": response_mask}
-    scores = np.concatenate([np.asarray(reward_model._score_fn(reward_params, b, exp.model))[:n]
+    scores = np.concatenate([np.asarray(reward_model.score_batch(reward_params, b, exp.model))[:n]
                              for b, n in pipeline.fixed_batches(answers, c.sample_batch_size)])
     keep = top_quantile(scores, c.num_bins)  # The pool, reset every round.
     top = idx[keep]

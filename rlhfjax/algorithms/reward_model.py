@@ -81,7 +81,8 @@ def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
   return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
 
 
-_score_fn = jax.jit(score, static_argnames=("cfg", "response"))
+# `score` jitted once for every caller: the reward of each row of a fixed-shape batch.
+score_batch = jax.jit(score, static_argnames=("cfg", "response"))
 
 
 def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | world.Example],
@@ -90,7 +91,7 @@ def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Pos
   fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
   data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
           **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  out = [np.asarray(_score_fn(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
+  out = [np.asarray(score_batch(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
@@ -155,7 +156,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
 
   def validate(params) -> dict[str, float]:
-    rc, rr = (np.concatenate([np.asarray(_score_fn(params, b, exp.model, r))[:n]
+    rc, rr = (np.concatenate([np.asarray(score_batch(params, b, exp.model, r))[:n]
                               for b, n in pipeline.fixed_batches(val, c.eval_batch_size)])
               for r in ("chosen", "rejected"))
     return {f"val/{k}": float(v) for k, v in bradley_terry(rc, rr).items()}
