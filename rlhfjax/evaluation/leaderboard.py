@@ -18,6 +18,7 @@ import csv
 import io
 import json
 import os
+import zlib
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,11 @@ def _label(method: str, stored: dict) -> str:
   return NAMES.get(method, method).format(**stored)
 
 
+def _rng(exp: experiment.Experiment, method: str) -> np.random.Generator:
+  """A method's own random stream: its row does not depend on which other methods are listed."""
+  return np.random.default_rng([exp.config.seed, 13, zlib.crc32(method.encode())])
+
+
 def baseline_texts(exp: experiment.Experiment) -> dict[str, str]:
   """What every method is compared with, by post id: the reference summaries
   (`eval.against='reference'`) or the answers of the method named by `eval.against`."""
@@ -55,9 +61,9 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
   by_id = {e.id: e for e in exp.splits["test"]}
   baseline = baseline_texts(exp)
   pool = annotators.pools(exp.config.annotators)["eval_pool"]
-  rng = np.random.default_rng([exp.config.seed, 13])
   wins, rows, ids = {}, [], None
   for method in methods:
+    rng = _rng(exp, method)
     stored = outputs.load(exp.workdir, method)
     these = [o["id"] for o in stored["outputs"]]
     if ids is None:
@@ -79,7 +85,7 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
                  "length_words": float(np.mean([len(t.split()) for t in texts])),
                  "kl": float(stored["kl"]), "key": method})
   for row in rows:
-    row["p_vs_sft"] = (winrate.paired_p_value(wins[row["key"]], wins["sft"], rng)
+    row["p_vs_sft"] = (winrate.paired_p_value(wins[row["key"]], wins["sft"], _rng(exp, row["key"]))
                        if "sft" in wins and row["key"] != "sft" else float("nan"))
   return sorted(rows, key=lambda r: -r["win_rate"])
 
