@@ -86,6 +86,7 @@ def test_expert_iteration_trains_on_the_winners(tiny_pipeline):
   with open(f"{workdir}/expert_iteration/winners.json") as f:
     stored = json.load(f)
   assert stored["n"] == config.expert_iteration.n
+  assert stored["temperature"] == config.expert_iteration.temperature  # Stale winners are redrawn.
   assert len(stored["winners"]) == config.expert_iteration.num_prompts
   logged = metrics_lib.read_jsonl(f"{workdir}/expert_iteration/metrics.jsonl")
   assert max(logged) == config.expert_iteration.steps

@@ -37,7 +37,8 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[world.Example]:
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       stored = json.load(f)
-    if stored["n"] == c.n and stored["ids"] == [e.id for e in examples]:
+    if (stored["n"], stored.get("temperature"), stored["ids"]) == (c.n, c.temperature,
+                                                                   [e.id for e in examples]):
       return [dataclasses.replace(e, reference=t) for e, t in zip(examples, stored["winners"])]
   reward_params, _ = reward_model.load(exp)
   reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
@@ -47,7 +48,8 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[world.Example]:
   texts = best_of_n.best_of(cands, scores, c.n)
   metrics_lib.info(f"expert iteration: best-of-{c.n} on {len(examples)} unlabeled prompts, mean RM "
                    f"score {scores.max(1).mean():.3f} (a single sample: {scores[:, 0].mean():.3f})")
-  experiment.write_json(path, {"n": c.n, "ids": [e.id for e in examples], "winners": texts})
+  experiment.write_json(path, {"n": c.n, "temperature": c.temperature,
+                               "ids": [e.id for e in examples], "winners": texts})
   return [dataclasses.replace(e, reference=t) for e, t in zip(examples, texts)]
 
 
