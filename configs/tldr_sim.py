@@ -19,6 +19,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.seed = 0
   c.workdir = "runs/tldr_sim"
 
+  # Devices: the Mesh's axes (one may be -1: the devices left) — data parallel, fully sharded data
+  # parallel (parameters and optimizer state split), tensor parallel. See docs/scaling.md.
+  c.mesh = dict(data=-1, fsdp=1, tensor=1)
+  # Several processes (hosts): 'auto' starts jax.distributed on TPU pods, SLURM job steps or with
+  # JAX_COORDINATOR_ADDRESS set; 'explicit' uses the three keys below (launch/local.py); 'off'.
+  c.distributed = dict(mode="auto", coordinator_address="", num_processes=1, process_id=0,
+                       initialization_timeout=300)
+
   # Data: the procedurally generated TL;DR world, AlpacaFarm-style splits (sizes in examples).
   # reference_noise scales how often human references miss or add a detail (0: ideal references).
   c.data = dict(source="sim_tldr", seed=0, sft=12000, pref=8000, unlabeled=8000, validation=512,

@@ -1,7 +1,9 @@
 """Command line: `python -m rlhfjax.main --config configs/NAME.py[:ARG] [--config.a.b=v] [--workdir DIR]`.
 
 `config.task` picks the job. Configuration mistakes (an unknown key, a wrong type, a missing file)
-end in one line naming the culprit and exit status 2, not a traceback.
+end in one line naming the culprit and exit status 2, not a traceback. SIGTERM saves a checkpoint
+and exits with status 75; the same command resumes. Every process of a multi-host run executes this
+same command (see launch/).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Callable
 from absl import app
 from absl import flags
 from absl import logging
+import jax
+from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from rlhfjax.algorithms import best_of_n
@@ -28,6 +32,8 @@ from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import leaderboard
 from rlhfjax.feedback import label
+from rlhfjax.parallel import distributed
+from rlhfjax.parallel import preemption
 
 TASKS: dict[str, Callable] = {
     "sft": sft.run,
@@ -59,7 +65,10 @@ def run(config, workdir: str):
   """Runs `config.task` in `workdir`; importable for notebooks and tests.
 
   `task=pipeline` runs the comma-separated `config.stages` in order and returns the last result.
+  With several processes (`config.distributed`) all of them run this; they meet after each stage,
+  so files process 0 wrote are there for the next one.
   """
+  distributed.initialize(config.distributed)
   stages = config.stages.split(",") if config.task == "pipeline" else [config.task]
   for stage in stages:
     if stage not in TASKS:
@@ -68,6 +77,8 @@ def run(config, workdir: str):
   result = None
   for stage in stages:
     result = TASKS[stage](config, workdir)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"rlhfjax stage {stage}")
   return result
 
 
@@ -76,10 +87,14 @@ def main(argv: list[str]) -> None:
     _fail(f"unexpected arguments: {' '.join(argv[1:])}")
   logging.set_verbosity(logging.WARNING)  # Orbax and rouge-score are chatty at INFO.
   config = _CONFIG.value
+  preemption.install()
   try:
     run(config, _WORKDIR.value or config.workdir)
   except (ConfigError, DataError, FileNotFoundError) as e:
     _fail(str(e))
+  except preemption.Preempted as e:
+    print(f"rlhfjax: {e}", file=sys.stderr)
+    sys.exit(preemption.EXIT_CODE)
 
 
 def _flags_parser(argv: list[str]) -> list[str]:

@@ -28,6 +28,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import outputs
 from rlhfjax.models import policy
+from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -96,9 +97,13 @@ def train(exp: experiment.Experiment) -> TrainState:
     raise ConfigError(f"dpo.batch_size ({c.batch_size}) exceeds dpo.epochs x {len(comps)} pairs")
   cfg = dataclasses.replace(exp.model, dropout=0.0)
   ref_params = sft.load_policy(exp)
+  par = exp.parallel
+  par.check_batch("dpo.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps)
-  state = TrainState.create(jax.tree.map(jnp.copy, ref_params), tx)
-  step_fn = jax.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx), donate_argnums=0)
+  state, shardings = par.train_state(lambda p: TrainState.create(p, tx),
+                                     transformer.param_axes(cfg), tx, ref_params)
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
+                    (shardings, shardings.params, par.batch), (shardings, par.replicated), (0,))
   task_dir = exp.task_dir("dpo")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
@@ -109,7 +114,7 @@ def train(exp: experiment.Experiment) -> TrainState:
 
   def one_step(state, step):
     idx = pipeline.batch_indices(len(comps), c.batch_size, config.seed, step)
-    return step_fn(state, ref_params, pipeline.take(data, idx))
+    return step_fn(state, ref_params, par.put_batch(data, idx))
 
   def periodic(state, done, m) -> dict[str, float]:
     return {k: float(v) for k, v in m.items()} if done % c.log_every == 0 or done == steps else {}

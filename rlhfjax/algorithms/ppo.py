@@ -253,10 +253,15 @@ def train(exp: experiment.Experiment) -> PPOState:
   cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
-  state = init_state(exp, ref_params, reward_params)
+  par = exp.parallel
+  par.check_batch("ppo.rollout_batch", c.rollout_batch)
+  par.check_batch("ppo.minibatch_size", c.minibatch_size)
   tx = _tx(c)
-  step_fn = jax.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx,
-                                      eos_id=exp.tokenizer.eos_id), donate_argnums=0)
+  state, shardings = par.train_state(functools.partial(init_state, exp), param_axes(exp.model), tx,
+                                     ref_params, reward_params)
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
+                    (shardings, shardings.params["policy"], shardings.params["value"], par.batch,
+                     par.replicated), (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
@@ -278,7 +283,7 @@ def train(exp: experiment.Experiment) -> PPOState:
     t0 = time.perf_counter()
     idx = pipeline.batch_indices(len(examples), c.rollout_batch, config.seed, step)
     k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    batch = policies.sample_batch(state.params["policy"], pipeline.take(prompts, idx), k_sample,
+    batch = policies.sample_batch(state.params["policy"], par.put_batch(prompts, idx), k_sample,
                                   exp, c.temperature)
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
@@ -319,10 +324,17 @@ def train(exp: experiment.Experiment) -> PPOState:
   return state
 
 
+def param_axes(cfg: ModelConfig) -> dict:
+  """Logical axes of PPO's trained parameters: the policy and the value model."""
+  return {"policy": transformer.param_axes(cfg), "value": heads.param_axes(cfg)}
+
+
 def _state_template(exp: experiment.Experiment) -> PPOState:
+  """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return jax.eval_shape(functools.partial(init_state, exp), policy_shape,
-                        reward_model.model_template(exp))
+  return exp.parallel.train_state(functools.partial(init_state, exp), param_axes(exp.model),
+                                  _tx(exp.config.ppo), policy_shape,
+                                  reward_model.model_template(exp), abstract=True)[0]
 
 
 def load_policy(exp: experiment.Experiment) -> Any:

@@ -30,7 +30,9 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import outputs
 from rlhfjax.evaluation import policies
 from rlhfjax.models import policy
+from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -76,9 +78,13 @@ def run(config, workdir: str) -> Any:
   cfg = dataclasses.replace(exp.model, dropout=0.0)
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
+  par = exp.parallel
+  par.check_batch("quark.batch_size", c.batch_size)
   tx = optimizer.adamw(c, c.rounds * c.steps_per_round)
-  state = TrainState.create(jax.tree.map(jnp.copy, ref_params), tx)
-  step_fn = jax.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx))
+  state, shardings = par.train_state(lambda p: TrainState.create(p, tx),
+                                     transformer.param_axes(cfg), tx, ref_params)
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
+                    (shardings, shardings.params, par.batch), (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
   plain = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)
   controlled = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len,
@@ -97,10 +103,10 @@ def run(config, workdir: str) -> Any:
                                     c.temperature), n)
              for i, (b, n) in enumerate(pipeline.fixed_batches(pipeline.take(controlled, idx),
                                                                c.sample_batch_size))]
-    response = np.concatenate([np.asarray(p["response"])[:n] for p, n in parts])
-    response_mask = np.concatenate([np.asarray(p["response_mask"])[:n] for p, n in parts])
+    response = np.concatenate([to_host(p["response"])[:n] for p, n in parts])
+    response_mask = np.concatenate([to_host(p["response_mask"])[:n] for p, n in parts])
     answers = {**pipeline.take(plain, idx), "response": response, "response_mask": response_mask}
-    scores = np.concatenate([np.asarray(reward_model.score_batch(reward_params, b, exp.model))[:n]
+    scores = np.concatenate([to_host(reward_model.score_batch(reward_params, b, exp.model))[:n]
                              for b, n in pipeline.fixed_batches(answers, c.sample_batch_size)])
     keep = top_quantile(scores, c.num_bins)  # The pool, reset every round.
     top = idx[keep]
@@ -109,7 +115,7 @@ def run(config, workdir: str) -> Any:
             "response": response[keep], "response_mask": response_mask[keep]}
     for s in range(c.steps_per_round):
       b = pipeline.batch_indices(len(keep), min(c.batch_size, len(keep)), config.seed + r, s)
-      state, m = step_fn(state, ref_params, pipeline.take(pool, b))
+      state, m = step_fn(state, ref_params, par.put_batch(pool, b))
     texts = policies.decode(exp, response)
     m = {k: float(v) for k, v in m.items()}
     m.update({"quark/score": float(scores.mean()), "quark/pool_score": float(scores[keep].mean()),

@@ -39,6 +39,7 @@ from rlhfjax.feedback import records
 from rlhfjax.models import heads
 from rlhfjax.models import policy
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -91,7 +92,7 @@ def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Pos
   fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
   data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
           **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  out = [np.asarray(score_batch(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
+  out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
@@ -151,12 +152,16 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   steps = int(c.epochs * len(train_comps)) // c.batch_size
   if steps <= 0:
     raise ConfigError(f"rm.batch_size ({c.batch_size}) exceeds rm.epochs x {len(train_comps)} pairs")
+  par = exp.parallel
+  par.check_batch("rm.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps)
-  state = TrainState.create(init_params(exp, sft_params), tx)
-  step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
+  state, shardings = par.train_state(lambda p: TrainState.create(init_params(exp, p), tx),
+                                     heads.param_axes(exp.model), tx, sft_params)
+  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
+                    (shardings, par.batch), (shardings, par.replicated), (0,))
 
   def validate(params) -> dict[str, float]:
-    rc, rr = (np.concatenate([np.asarray(score_batch(params, b, exp.model, r))[:n]
+    rc, rr = (np.concatenate([to_host(score_batch(params, b, exp.model, r))[:n]
                               for b, n in pipeline.fixed_batches(val, c.eval_batch_size)])
               for r in ("chosen", "rejected"))
     return {f"val/{k}": float(v) for k, v in bradley_terry(rc, rr).items()}
@@ -169,7 +174,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
 
   def one_step(state, step):
     idx = pipeline.batch_indices(len(train_comps), c.batch_size, config.seed, step)
-    return step_fn(state, pipeline.take(data, idx))
+    return step_fn(state, par.put_batch(data, idx))
 
   def periodic(state, done, m) -> dict[str, float]:
     out = {}
@@ -209,8 +214,10 @@ def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparis
 
 
 def model_template(exp: experiment.Experiment) -> dict:
-  """The abstract structure of a reward model's parameters (for restoring)."""
-  return jax.eval_shape(lambda: heads.init(jax.random.key(0), exp.model))
+  """The abstract reward-model parameters, sharded on this run's mesh (a restore target)."""
+  shapes = jax.eval_shape(lambda: heads.init(jax.random.key(0), exp.model))
+  par = exp.parallel
+  return par.abstract(shapes, par.shardings(heads.param_axes(exp.model), shapes))
 
 
 def load(exp: experiment.Experiment) -> tuple[dict, dict]:
@@ -341,7 +348,7 @@ def sft_log_probs(params: Any, exp: experiment.Experiment,
   data = {**pipeline.encode_prompts(exp.tokenizer, list(posts) * (len(texts) // len(posts)),
                                     fmt.prompt_len),
           **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  out = [np.asarray(_logp_fn(params, b, exp.model)).sum(-1)[:k]
+  out = [to_host(_logp_fn(params, b, exp.model)).sum(-1)[:k]
          for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size)]
   return np.concatenate(out)
 

@@ -68,12 +68,17 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"][:c.eval_batches * c.batch_size],
                             plen, rlen)
   n_train = len(data["prompt"])
+  par = exp.parallel
+  par.check_batch(f"{task}.batch_size", c.batch_size)
   tx = optimizer.adamw(c, c.steps)
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
   if init_params is None:
-    init_params = transformer.init(init_key, exp.model)
-  state = TrainState.create(jax.tree.map(jnp.copy, init_params), tx)
-  step_fn = jax.jit(functools.partial(train_step, cfg=exp.model, tx=tx), donate_argnums=0)
+    make, args = (lambda k: TrainState.create(transformer.init(k, exp.model), tx)), (init_key,)
+  else:  # A new buffer on the mesh: the trained tree never aliases `init_params`.
+    make, args = (lambda p: TrainState.create(p, tx)), (init_params,)
+  state, shardings = par.train_state(make, transformer.param_axes(exp.model), tx, *args)
+  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
+                    (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
 
   def validate(params) -> float:
@@ -92,7 +97,7 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   tokens_per_step = c.batch_size * (plen + rlen)
 
   def one_step(state, step):
-    batch = pipeline.take(data, pipeline.batch_indices(n_train, c.batch_size, config.seed, step))
+    batch = par.put_batch(data, pipeline.batch_indices(n_train, c.batch_size, config.seed, step))
     return step_fn(state, batch, jax.random.fold_in(train_key, step))
 
   def periodic(state, done, m) -> dict[str, float]:
@@ -112,9 +117,12 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
 
 
 def _state_template(exp: experiment.Experiment, task: str) -> TrainState:
+  """The train state's shapes with their shardings on this run's mesh (a restore target)."""
   c = exp.config[task]
   tx = optimizer.adamw(c, c.steps)
-  return jax.eval_shape(lambda: TrainState.create(transformer.init(jax.random.key(0), exp.model), tx))
+  make = lambda k: TrainState.create(transformer.init(k, exp.model), tx)
+  return exp.parallel.train_state(make, transformer.param_axes(exp.model), tx, jax.random.key(0),
+                                  abstract=True)[0]
 
 
 def load_policy(exp: experiment.Experiment, task: str = "sft") -> Any:

@@ -21,6 +21,7 @@ from rlhfjax.feedback import annotators
 from rlhfjax.models import policy
 from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import experiment
 
 
@@ -42,7 +43,7 @@ def sample_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: expe
 
 
 def decode(exp: experiment.Experiment, response: Any) -> list[str]:
-  return [exp.tokenizer.decode(r).strip() for r in np.asarray(response)]
+  return [exp.tokenizer.decode(r).strip() for r in to_host(response)]
 
 
 def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, cfg: ModelConfig,
@@ -68,7 +69,7 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[wor
     batch = sample_batch(params, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
     texts += decode(exp, batch["response"])[:n]
     if ref_params is not None:
-      kls.append(np.asarray(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
+      kls.append(to_host(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
   return texts, (np.concatenate(kls) if kls else None)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from rlhfjax.data import pipeline
 from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import to_host
 
 
 def generate(params, cfg: ModelConfig, scfg: sampling.SamplingConfig, prompts: pipeline.Batch,
@@ -20,7 +21,7 @@ def generate(params, cfg: ModelConfig, scfg: sampling.SamplingConfig, prompts: p
   for b, (batch, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
     out = sampling.sample(params, batch["prompt"], batch["prompt_mask"],
                           jax.random.fold_in(rng, b), cfg, scfg)
-    outs.append(jax.tree.map(lambda x, n=n: np.asarray(x)[:n], out))
+    outs.append(jax.tree.map(lambda x, n=n: x[:n], to_host(out)))
   return {"response": np.concatenate([o.tokens for o in outs]),
           "logprobs": np.concatenate([o.logprobs for o in outs]),
           "lengths": np.concatenate([o.lengths for o in outs])}

@@ -25,6 +25,11 @@ def scalar_head_axes() -> dict[str, tuple[str, ...]]:
   return {"kernel": ("embed",), "bias": ()}
 
 
+def param_axes(cfg: ModelConfig) -> dict:
+  """Logical axes of a reward/value model's parameters (see transformer.param_axes)."""
+  return {"backbone": transformer.param_axes(cfg), "head": scalar_head_axes()}
+
+
 def apply_scalar_head(head: dict[str, jax.Array], hidden: jax.Array) -> jax.Array:
   """[B,T,D] -> [B,T] float32."""
   return hidden.astype(jnp.float32) @ head["kernel"].astype(jnp.float32) + head["bias"]

@@ -19,6 +19,7 @@ from rlhfjax.data import tokenizer as tokenizer_lib
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import Parallel
 
 
 @dataclasses.dataclass
@@ -28,6 +29,7 @@ class Experiment:
   splits: dict[str, list[world.Example]]
   tokenizer: tokenizer_lib.Tokenizer
   model: ModelConfig
+  parallel: Parallel  # The Mesh every array of this run lives on (config.mesh).
 
   def task_dir(self, task: str) -> str:
     path = os.path.join(self.workdir, task)
@@ -55,13 +57,14 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   if model.variant == "gpt2" and model.max_len < needed:
     raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "
                      f"({needed})")
-  if jax.process_index() == 0:
-    write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
-  return Experiment(config, workdir, splits, tok, model)
+  write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+  return Experiment(config, workdir, splits, tok, model, Parallel.from_config(config.mesh))
 
 
 def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically (temp file, then rename)."""
+  """Writes JSON atomically (temp file, then rename); only process 0 writes."""
+  if jax.process_index() != 0:
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(obj, f, indent=2)
@@ -69,6 +72,9 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def write_text(path: str, text: str) -> None:
+  """Writes text atomically; only process 0 writes."""
+  if jax.process_index() != 0:
+    return
   tmp = f"{path}.tmp"
   with open(tmp, "w", encoding="utf-8") as f:
     f.write(text)

@@ -3,6 +3,8 @@
 The algorithm supplies `one_step(state, step) -> (state, metrics)` (which must be a pure function of
 the state and the step number, so a resumed run repeats an uninterrupted one exactly) and
 `periodic(state, done, metrics) -> dict` for the metrics it wants written after step `done`.
+On a preemption request (SIGTERM) the loop checkpoints the step just finished and raises
+`preemption.Preempted`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import jax
 import tqdm
 
 from rlhfjax.errors import ConfigError
+from rlhfjax.parallel import preemption
 from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
 
@@ -58,8 +61,12 @@ def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, 
         out["perf/steps_per_s"] = rate
         out["perf/tokens_per_s"] = rate * tokens_per_step
         writer.write(done, out)
-      if ckpt.should_save(done) or done == total_steps:
+      stop = done < total_steps and preemption.requested()
+      if ckpt.should_save(done) or done == total_steps or stop:
         ckpt.save(done, state, meta)
       bar.update()
+      if stop:
+        ckpt.wait()
+        raise preemption.Preempted(done, ckpt.directory)
   ckpt.wait()
   return state
