@@ -255,7 +255,6 @@ def train(exp: experiment.Experiment) -> PPOState:
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch("ppo.rollout_batch", c.rollout_batch)
-  par.check_batch("ppo.minibatch_size", c.minibatch_size)
   tx = _tx(c)
   state, shardings = par.train_state(functools.partial(init_state, exp), param_axes(exp.model), tx,
                                      ref_params, reward_params)

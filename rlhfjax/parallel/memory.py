@@ -1,0 +1,104 @@
+"""Memory planning: bytes per device of a training step and of generation, for a model and a mesh.
+
+`plan(cfg, mesh, batch, seq_len)` counts exactly what the sharding rules put on one device —
+parameters, AdamW's two moments (float32) — and estimates what XLA adds for a step: the
+activations kept for the backward pass (per layer: the residual stream, q/k/v, attention output,
+the attention probabilities and the MLP's hidden units; with `model.remat` only each layer's input
+plus one layer's worth) and the logits; and for sampling, the KV cache. `xla_step_bytes` asks the
+compiler what it actually allocates, so the two can be compared (`task=memory` prints both).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rules
+
+
+def _shard_fraction(axes: tuple, shape: tuple, mesh: Mesh) -> float:
+  spec = rules.spec(axes, shape, mesh)
+  ways = 1
+  for entry in spec:
+    for a in (entry if isinstance(entry, tuple) else (entry,)):
+      if a is not None:
+        ways *= mesh.shape[a]
+  return 1.0 / ways
+
+
+def param_bytes(cfg: ModelConfig, mesh: Mesh, axes: Any = None, shapes: Any = None) -> dict:
+  """Total and per-device bytes of the parameters (the policy's unless `axes`/`shapes` given)."""
+  shapes = shapes or jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
+  axes = axes or transformer.param_axes(cfg)
+  leaves = jax.tree.leaves(jax.tree.map(
+      lambda ax, x: (x.size * x.dtype.itemsize, _shard_fraction(ax, x.shape, mesh)), axes, shapes,
+      is_leaf=lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)),
+      is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], float))
+  total = sum(b for b, _ in leaves)
+  per_device = sum(b * f for b, f in leaves)
+  count = sum(x.size for x in jax.tree.leaves(shapes))
+  return {"count": int(count), "total": int(total), "per_device": int(per_device)}
+
+
+def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: int = 0) -> dict:
+  """Bytes per device for one training step on `batch` sequences of `seq_len` tokens, and the KV
+  cache for sampling `sample_batch` sequences of `seq_len` tokens (0: the training batch)."""
+  p = param_bytes(cfg, mesh)
+  dp = math.prod(mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
+  tp = mesh.shape["tensor"]
+  b_local = max(batch // dp, 1)
+  act = jnp.dtype(cfg.dtype).itemsize
+  d, f, h, kv, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head
+  local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (rules.py).
+  tokens = b_local * seq_len
+  per_layer = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
+                        + 3 * local(f)) * act + b_local * local(h) * seq_len ** 2 * (act + 4)
+  layers = cfg.n_layers * (tokens * d * act) + per_layer if cfg.remat else cfg.n_layers * per_layer
+  vocab_local = local(cfg.vocab_size)
+  logits = 2 * tokens * vocab_local * 4  # float32 logits and their gradient.
+  sb = max((sample_batch or batch) // dp, 1)
+  kv_cache = 2 * cfg.n_layers * sb * seq_len * local(kv) * dh * act
+  out = {"devices": int(mesh.size), "mesh": dict(mesh.shape), "params_total": p["total"],
+         "param_count": p["count"], "params": p["per_device"],
+         "optimizer": 2 * p["per_device"] * 4 // jnp.dtype(cfg.param_dtype).itemsize,
+         "gradients": p["per_device"], "activations": int(layers + logits),
+         "kv_cache": int(kv_cache)}
+  out["train_step"] = out["params"] + out["optimizer"] + out["gradients"] + out["activations"]
+  return out
+
+
+def xla_step_bytes(lowered: Any) -> dict:
+  """What XLA allocates per device for a lowered (jitted) function: arguments, outputs,
+  temporaries (activations, gradients, scratch)."""
+  m = lowered.compile().memory_analysis()
+  return {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+          "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+
+
+def xla_param_bytes(params: Any, shardings: Any) -> int:
+  """Per-device bytes of `params` as XLA lays them out with `shardings` (an identity program's
+  argument size)."""
+  fn: Callable = jax.jit(lambda p: jax.tree.map(lambda x: x + 0, p), in_shardings=(shardings,),
+                         out_shardings=shardings)
+  return xla_step_bytes(fn.lower(params))["arguments"]
+
+
+def format_plan(rows: dict[str, dict]) -> str:
+  """A markdown table, one row per plan, sizes in MiB."""
+  keys = ("params", "optimizer", "gradients", "activations", "kv_cache", "train_step")
+  lines = ["| mesh (data, fsdp, tensor) | " + " | ".join(keys) + " |",
+           "|---|" + "---|" * len(keys)]
+  for name, r in rows.items():
+    lines.append(f"| {name} | " + " | ".join(f"{r[k] / 2**20:.2f}" for k in keys) + " |")
+  return "\n".join(lines) + "\n\n(MiB per device)"
+
+
+def mib(n: float) -> str:
+  return f"{np.asarray(n) / 2**20:.2f} MiB"

@@ -1,0 +1,146 @@
+"""Runs SFT, reward-model, PPO and DPO training steps on meshes of 8 forced CPU devices and writes,
+per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte counts (`<out>/bytes.json`).
+
+Started by tests/test_parallel.py in its own process, because the device count is fixed when JAX
+starts: `python tests/parallel_steps.py OUT_DIR`.
+"""
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import types  # noqa: E402
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+from rlhfjax.algorithms import dpo, ppo, reward_model, sft  # noqa: E402
+from rlhfjax.models import heads, transformer  # noqa: E402
+from rlhfjax.models.config import ModelConfig  # noqa: E402
+from rlhfjax.parallel import memory  # noqa: E402
+from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
+from rlhfjax.parallel.sharding import Parallel, bytes_per_device, to_host  # noqa: E402
+from rlhfjax.training import optimizer  # noqa: E402
+from rlhfjax.training.state import TrainState  # noqa: E402
+
+MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
+CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
+                  d_ff=64, max_len=32)
+B, P, R, STEPS, EOS = 8, 8, 8, 3, 2
+# eps well above float32 rounding of the gradients, so Adam does not blow a last-bit difference in
+# a near-zero gradient up to a full step (the comparison is of the sharding, not of Adam's noise).
+OPT = dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9, b2=0.95,
+           eps=1e-4, weight_decay=0.01, grad_clip=1.0)
+PPO = ml_collections.ConfigDict(dict(
+    **OPT, steps=STEPS, rollout_batch=B, minibatch_size=4, epochs=2, temperature=0.7, kl_coef=0.05,
+    adaptive_kl=False, kl_target=6.0, kl_horizon=10000, gamma=1.0, lam=0.95, whiten="batch",
+    cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0))
+DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
+
+
+def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+  """STEPS batches with left-padded prompts, responses ending at an eos, and a rejected twin."""
+  out = []
+  for _ in range(STEPS):
+    plen = rng.integers(3, P + 1, B)
+    rlen = rng.integers(2, R + 1, B)
+    prompt_mask = np.arange(P)[None] >= (P - plen)[:, None]
+    response_mask = np.arange(R)[None] < rlen[:, None]
+    response = rng.integers(3, CFG.vocab_size, (B, R)) * response_mask
+    response[np.arange(B), rlen - 1] = EOS
+    rejected = np.where(response_mask, rng.integers(3, CFG.vocab_size, (B, R)), 0)
+    out.append({"prompt": rng.integers(3, CFG.vocab_size, (B, P)) * prompt_mask,
+                "prompt_mask": prompt_mask, "response": response, "response_mask": response_mask,
+                "chosen": response, "chosen_mask": response_mask, "rejected": rejected,
+                "rejected_mask": response_mask})
+  return out
+
+
+def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[dict, dict]:
+  """Losses and final parameters of STEPS steps of each algorithm on `par`'s mesh, all starting
+  from the host parameters `init` ('policy', 'rm')."""
+  key = jax.random.key(0)
+  tx = optimizer.adamw(OPT, STEPS)
+  policy_axes, rm_axes = transformer.param_axes(CFG), heads.param_axes(CFG)
+  fresh = lambda p: TrainState.create(p, tx)
+  losses, params = {}, {}
+  rows = lambda d, keys: par.put_batch({k: d[k] for k in keys}, np.arange(B))
+  lm_keys = ("prompt", "prompt_mask", "response", "response_mask")
+  pair_keys = ("prompt", "prompt_mask", "chosen", "chosen_mask", "rejected", "rejected_mask")
+  ref = par.put(init["policy"], par.shardings(policy_axes, init["policy"]))
+  rm = par.put(init["rm"], par.shardings(rm_axes, init["rm"]))
+
+  # SFT.
+  state, sh = par.train_state(fresh, policy_axes, tx, ref)
+  step = par.jit(functools.partial(sft.train_step, cfg=CFG, tx=tx), (sh, par.batch, par.replicated),
+                 (sh, par.replicated), (0,))
+  for i, d in enumerate(data):
+    state, m = step(state, rows(d, lm_keys), jax.random.fold_in(key, i))
+    losses.setdefault("sft", []).append(float(m["train/loss"]))
+  params["sft"] = to_host(state.params)
+  bytes_ = {"sft_params": bytes_per_device(state.params),
+            "sft_opt_state": bytes_per_device(state.opt_state)}
+
+  # Reward model.
+  state, sh = par.train_state(fresh, rm_axes, tx, rm)
+  step = par.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx), (sh, par.batch),
+                 (sh, par.replicated), (0,))
+  for d in data:
+    state, m = step(state, rows(d, pair_keys))
+    losses.setdefault("rm", []).append(float(m["train/loss"]))
+  params["rm"] = to_host(state.params)
+
+  # PPO: policy, value (from the reward model), frozen reference and reward model.
+  exp = types.SimpleNamespace(config=types.SimpleNamespace(ppo=PPO))
+  tx_ppo = ppo._tx(PPO)  # pylint: disable=protected-access
+  state, sh = par.train_state(functools.partial(ppo.init_state, exp), ppo.param_axes(CFG), tx_ppo,
+                              ref, rm)
+  step = par.jit(functools.partial(ppo.train_step, cfg=CFG, c=PPO, tx=tx_ppo, eos_id=EOS),
+                 (sh, sh.params["policy"], sh.params["value"], par.batch, par.replicated),
+                 (sh, par.replicated), (0,))
+  for i, d in enumerate(data):
+    state, m = step(state, ref, rm, rows(d, lm_keys), jax.random.fold_in(key, 10 + i))
+    losses.setdefault("ppo", []).append(float(m["loss/total"]))
+  params["ppo"] = to_host(state.params)
+
+  # DPO from and against the reference.
+  state, sh = par.train_state(fresh, policy_axes, tx, ref)
+  step = par.jit(functools.partial(dpo.train_step, cfg=CFG, c=DPO, tx=tx),
+                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+  for d in data:
+    state, m = step(state, ref, rows(d, pair_keys))
+    losses.setdefault("dpo", []).append(float(m["train/loss"]))
+  params["dpo"] = to_host(state.params)
+
+  p = memory.param_bytes(CFG, par.mesh)
+  bytes_.update(params_total=p["total"], plan_params=p["per_device"],
+                xla_params=memory.xla_param_bytes(ref, par.shardings(policy_axes, ref)),
+                sft_params_total=sum(x.nbytes for x in jax.tree.leaves(params["sft"])))
+  return {"losses": losses, "params": params}, bytes_
+
+
+def main(out: str) -> None:
+  data = batches(np.random.default_rng(0))
+  key = jax.random.key(0)
+  init = to_host({"policy": transformer.init(key, CFG), "rm": heads.init(jax.random.fold_in(key, 1),
+                                                                          CFG)})
+  report = {}
+  for shape in MESHES:
+    name = "x".join(map(str, shape))
+    par = Parallel(make_mesh(dict(zip(("data", "fsdp", "tensor"), shape))))
+    result, report[name] = run(par, data, init)
+    flat = {f"loss/{k}": np.array(v) for k, v in result["losses"].items()}
+    for algo, tree in result["params"].items():
+      for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        flat[f"params/{algo}/{jax.tree_util.keystr(path)}"] = leaf
+    np.savez(os.path.join(out, f"{name}.npz"), **flat)
+  with open(os.path.join(out, "bytes.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
