@@ -1,0 +1,213 @@
+"""Sharding rules, sharded steps equal to one device, fsdp memory, memory planning against XLA,
+two processes on jax.distributed equal to one, SIGTERM checkpoint-and-resume."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from conftest import ROOT
+from rlhfjax.errors import ConfigError
+from rlhfjax.parallel import distributed, preemption, rules
+from rlhfjax.parallel.mesh import make_mesh, mesh_shape
+from rlhfjax.training import checkpoint, loop, metrics
+from rlhfjax.training.state import TrainState
+
+MESHES = ("8x1x1", "1x8x1", "2x2x2", "1x2x4")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo")
+
+
+def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
+  assert mesh_shape({"data": -1, "fsdp": 2, "tensor": 2}, 8) == (2, 2, 2)
+  assert mesh_shape({"data": 1, "fsdp": -1, "tensor": 1}, 8) == (1, 8, 1)
+  assert mesh_shape({"data": 2, "fsdp": 1, "tensor": 1}, 8) == (2, 1, 1)  # A subset of devices.
+  for bad in ({"data": -1, "fsdp": -1, "tensor": 1}, {"data": -1, "fsdp": 3, "tensor": 1},
+              {"data": 16, "fsdp": 1, "tensor": 1}, {"data": 0, "fsdp": 1, "tensor": 1}):
+    with pytest.raises(ConfigError, match="mesh"):
+      mesh_shape(bad, 8)
+
+
+def test_rules_shard_what_divides_and_replicate_the_rest():
+  class FakeMesh:  # rules.spec only reads the axis sizes.
+    shape = {"data": 2, "fsdp": 4, "tensor": 2}
+  mesh = FakeMesh()
+  assert rules.spec(("vocab", "embed"), (64, 32), mesh) == P("tensor", "fsdp")
+  assert rules.spec(("embed", "heads", "head_dim"), (32, 3, 8), mesh) == P("fsdp", None, None)
+  assert rules.spec(("batch", "length"), (8, 5), mesh) == P(("data", "fsdp"), None)
+  assert rules.spec(("batch",), (6,), mesh) == P(None)  # 6 rows do not split 8 ways.
+  assert rules.spec(("layers", "embed", "mlp"), (2, 30, 64), mesh) == P(None, None, "tensor")
+  assert rules.spec((), (), mesh) == P()
+
+
+def test_distributed_config_errors_and_single_process_default():
+  base = dict(mode="auto", coordinator_address="", num_processes=1, process_id=0,
+              initialization_timeout=10)
+  assert distributed.initialize(base) is False  # No cluster in the environment: one process.
+  with pytest.raises(ConfigError, match="distributed.mode"):
+    distributed.initialize({**base, "mode": "mpi"})
+  with pytest.raises(ConfigError, match="coordinator_address"):
+    distributed.initialize({**base, "mode": "explicit"})
+  with pytest.raises(ConfigError, match="process_id"):
+    distributed.initialize({**base, "mode": "explicit", "coordinator_address": "127.0.0.1:1",
+                            "num_processes": 2, "process_id": 2})
+
+
+def test_loop_checkpoints_and_stops_on_preemption_then_resumes(tmp_path):
+  import optax
+  tx = optax.sgd(0.1)
+  state = TrainState.create({"w": jax.numpy.ones(3)}, tx)
+  step = lambda s, i: (s.apply_gradients({"w": jax.numpy.full(3, float(i))}, tx), {"i": i})
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "ckpt"), every=100)
+  writer = metrics.MetricWriter(str(tmp_path), "m")
+
+  def periodic(s, done, m):
+    if done == 3:
+      preemption.request()  # What SIGTERM's handler does, mid-run.
+    return {}
+  try:
+    with pytest.raises(preemption.Preempted, match="saved step 3"):
+      loop.run(state, 10, step, periodic, ckpt, writer, 1, "t")
+  finally:
+    preemption.clear()
+  assert ckpt.latest_step() == 3
+  resumed = loop.run(loop.restore_if_any(ckpt, state), 10, step, lambda *a: {}, ckpt, writer, 1, "t")
+  straight = state
+  for i in range(10):
+    straight, _ = step(straight, i)
+  np.testing.assert_allclose(resumed.params["w"], straight.params["w"])
+  ckpt.close()
+  writer.close()
+
+
+# --- Sharded steps on 8 forced CPU devices (one subprocess runs them all) -------------------------
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("meshes"))
+  subprocess.run([sys.executable, os.path.join(ROOT, "tests", "parallel_steps.py"), out],
+                 check=True, cwd=ROOT, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  return out
+
+
+@pytest.mark.parametrize("mesh", MESHES)
+def test_sharded_steps_match_one_device(mesh_runs, mesh):
+  base = np.load(os.path.join(mesh_runs, "1x1x1.npz"))
+  other = np.load(os.path.join(mesh_runs, f"{mesh}.npz"))
+  for algo in ALGORITHMS:
+    losses = base[f"loss/{algo}"]
+    assert np.abs(np.diff(losses)).max() > 1e-3, f"{algo} did not train"
+    np.testing.assert_allclose(other[f"loss/{algo}"], losses, rtol=1e-5, atol=1e-6, err_msg=algo)
+    names = [k for k in base.files if k.startswith(f"params/{algo}/")]
+    assert names
+    for k in names:
+      np.testing.assert_allclose(other[k], base[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_fsdp_splits_parameters_and_optimizer_state(mesh_runs):
+  with open(os.path.join(mesh_runs, "bytes.json"), encoding="utf-8") as f:
+    report = json.load(f)
+  one, fsdp = report["1x1x1"], report["1x8x1"]
+  total = one["params_total"]
+  assert one["sft_params"] == total == one["sft_params_total"]
+  assert total / 8 <= fsdp["sft_params"] <= 1.15 * total / 8  # Only small vectors stay whole.
+  assert one["sft_opt_state"] >= 2 * total
+  assert fsdp["sft_opt_state"] <= 1.15 * one["sft_opt_state"] / 8
+  assert report["8x1x1"]["sft_params"] == total  # Pure data parallelism replicates.
+
+
+def test_memory_plan_agrees_with_xla(mesh_runs):
+  with open(os.path.join(mesh_runs, "bytes.json"), encoding="utf-8") as f:
+    report = json.load(f)
+  for mesh, r in report.items():
+    assert abs(r["plan_params"] - r["xla_params"]) <= 0.1 * r["xla_params"], mesh
+    assert r["plan_params"] == r["sft_params"], mesh  # The plan is what the shardings place.
+
+
+# --- Two processes on jax.distributed against one --------------------------------------------------
+
+
+def _run(cmd, env, timeout=600):
+  proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc
+
+
+@pytest.fixture(scope="module")
+def one_and_two_processes(tiny_pipeline, tmp_path_factory):
+  """RM then PPO from the tiny pipeline's SFT and labels: one process with 4 devices (A), and
+  launch/local.py with 2 processes x 2 devices (B)."""
+  _, source = tiny_pipeline
+  root = tmp_path_factory.mktemp("multiprocess")
+  dirs = {}
+  for name in ("A", "B"):
+    dirs[name] = str(root / name)
+    shutil.copytree(source, dirs[name], ignore=shutil.ignore_patterns("rm", "ppo", "eval",
+                                                                        "best_of_n"))
+  # Adam's eps above float32 rounding, so both runs' last-bit differences stay last-bit.
+  args = ["--config", "configs/tldr_sim.py:tiny", "--config.task=pipeline",
+          "--config.stages=rm,ppo", "--config.rm.eps=1e-4", "--config.ppo.eps=1e-4"]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  one = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  _run([sys.executable, "-m", "rlhfjax.main", *args, "--workdir", dirs["A"]], one)
+  two = _run([sys.executable, "launch/local.py", "--processes", "2", "--devices_per_process", "2",
+              "--timeout", "500", "--", *args, "--workdir", dirs["B"]], env)
+  return dirs, two.stdout
+
+
+def _max_diff(a, b) -> float:
+  return max(jax.tree.leaves(jax.tree.map(
+      lambda x, y: float(np.max(np.abs(np.asarray(x) - np.asarray(y)))), a, b)))
+
+
+def test_two_processes_match_one_and_their_checkpoints_restore_in_one(one_and_two_processes,
+                                                                      tiny_config):
+  from rlhfjax.algorithms import ppo, reward_model
+  from rlhfjax.training import experiment
+  dirs, log = one_and_two_processes
+  assert "[1] " in log and "[0] " in log  # Both processes ran (only process 0 prints reports).
+  exps = {k: experiment.prepare(tiny_config, d) for k, d in dirs.items()}
+  # This process (one device) restores what two processes wrote collectively.
+  rms = {k: reward_model.load(e)[0] for k, e in exps.items()}
+  policies = {k: ppo.load_policy(e) for k, e in exps.items()}
+  assert _max_diff(rms["A"], rms["B"]) < 1e-5
+  assert _max_diff(policies["A"], policies["B"]) < 1e-5
+  sft = exps["A"]
+  from rlhfjax.algorithms import sft as sft_lib
+  assert _max_diff(sft_lib.load_policy(sft), policies["A"]) > 1e-4  # PPO moved the policy.
+
+
+# --- SIGTERM -------------------------------------------------------------------------------------
+
+
+def test_sigterm_saves_a_checkpoint_and_the_rerun_resumes(tmp_path):
+  workdir = str(tmp_path / "w")
+  cmd = [sys.executable, "-m", "rlhfjax.main", "--config", "configs/tldr_sim.py:tiny",
+         "--config.task=sft", "--config.sft.steps=400", "--config.checkpoint.every=1000",
+         "--config.eval.num_examples=0", "--workdir", workdir]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+  log = os.path.join(workdir, "sft", "metrics.jsonl")
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(log) and sum(1 for _ in open(log, encoding="utf-8")) >= 2:
+      break
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == preemption.EXIT_CODE, out[-2000:]
+  assert "preempted: saved step" in out
+  saved = checkpoint.latest_step(os.path.join(workdir, "sft", "checkpoints"))
+  assert saved is not None and 2 <= saved < 400
+  rerun = _run(cmd, env)
+  assert f"resuming from step {saved}" in rerun.stdout + rerun.stderr
+  assert checkpoint.latest_step(os.path.join(workdir, "sft", "checkpoints")) == 400
