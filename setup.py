@@ -25,6 +25,7 @@ setuptools.setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        "test": ["pytest>=8"],
+        # The notebooks under docs/ run headless in the tests.
+        "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
     },
 )

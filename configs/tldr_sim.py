@@ -23,7 +23,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # parallel (parameters and optimizer state split), tensor parallel. See docs/scaling.md.
   c.mesh = dict(data=-1, fsdp=1, tensor=1)
   # Several processes (hosts): 'auto' starts jax.distributed on TPU pods, SLURM job steps or with
-  # JAX_COORDINATOR_ADDRESS set; 'explicit' uses the three keys below (launch/local.py); 'off'.
+  # JAX_COORDINATOR_ADDRESS set; 'explicit' uses the three keys below (launch/multiprocess.py); 'off'.
   c.distributed = dict(mode="auto", coordinator_address="", num_processes=1, process_id=0,
                        initialization_timeout=300)
 

@@ -33,6 +33,7 @@ from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import leaderboard
 from rlhfjax.feedback import label
 from rlhfjax.parallel import distributed
+from rlhfjax.parallel import memory
 from rlhfjax.parallel import preemption
 
 TASKS: dict[str, Callable] = {
@@ -47,6 +48,7 @@ TASKS: dict[str, Callable] = {
     "reward_conditioning": reward_conditioning.run,
     "quark": quark.run,
     "eval": leaderboard.run,
+    "memory": memory.run,
 }
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",

@@ -23,7 +23,7 @@ def _lines(capsys):
 
 
 def test_local_launcher_gives_each_process_its_id_and_one_coordinator(capsys):
-  local = _load("local")
+  local = _load("multiprocess")
   assert local.main(["--processes", "3", "--devices_per_process", "2", "--port", "4321",
                      "--dry_run", "--", *MAIN_ARGS]) == 0
   lines = _lines(capsys)

@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import ROOT
 from rlhfjax.errors import ConfigError
 from rlhfjax.parallel import distributed, preemption, rules
-from rlhfjax.parallel.mesh import make_mesh, mesh_shape
+from rlhfjax.parallel.mesh import mesh_shape
 from rlhfjax.training import checkpoint, loop, metrics
 from rlhfjax.training.state import TrainState
 
@@ -58,6 +58,21 @@ def test_distributed_config_errors_and_single_process_default():
   with pytest.raises(ConfigError, match="process_id"):
     distributed.initialize({**base, "mode": "explicit", "coordinator_address": "127.0.0.1:1",
                             "num_processes": 2, "process_id": 2})
+
+
+def test_cluster_detection_from_the_environment(monkeypatch):
+  for var in ("SLURM_NTASKS", "SLURM_STEP_ID", "JAX_COORDINATOR_ADDRESS", "TPU_WORKER_HOSTNAMES",
+              "MEGASCALE_COORDINATOR_ADDRESS"):
+    monkeypatch.delenv(var, raising=False)
+  assert distributed._cluster_env() is None  # pylint: disable=protected-access
+  monkeypatch.setenv("SLURM_NTASKS", "1")
+  monkeypatch.setenv("SLURM_STEP_ID", "0")
+  assert distributed._cluster_env() is None  # One task: one process.  # pylint: disable=protected-access
+  monkeypatch.setenv("SLURM_NTASKS", "4")
+  assert distributed._cluster_env() == "slurm"  # pylint: disable=protected-access
+  monkeypatch.delenv("SLURM_NTASKS")
+  monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "w0,w1,w2,w3")
+  assert distributed._cluster_env() == "tpu"  # pylint: disable=protected-access
 
 
 def test_loop_checkpoints_and_stops_on_preemption_then_resumes(tmp_path):
@@ -144,7 +159,7 @@ def _run(cmd, env, timeout=600):
 @pytest.fixture(scope="module")
 def one_and_two_processes(tiny_pipeline, tmp_path_factory):
   """RM then PPO from the tiny pipeline's SFT and labels: one process with 4 devices (A), and
-  launch/local.py with 2 processes x 2 devices (B)."""
+  launch/multiprocess.py with 2 processes x 2 devices (B)."""
   _, source = tiny_pipeline
   root = tmp_path_factory.mktemp("multiprocess")
   dirs = {}
@@ -158,7 +173,7 @@ def one_and_two_processes(tiny_pipeline, tmp_path_factory):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   one = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
   _run([sys.executable, "-m", "rlhfjax.main", *args, "--workdir", dirs["A"]], one)
-  two = _run([sys.executable, "launch/local.py", "--processes", "2", "--devices_per_process", "2",
+  two = _run([sys.executable, "launch/multiprocess.py", "--processes", "2", "--devices_per_process", "2",
               "--timeout", "500", "--", *args, "--workdir", dirs["B"]], env)
   return dirs, two.stdout
 

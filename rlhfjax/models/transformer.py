@@ -25,10 +25,13 @@ import jax
 import jax.numpy as jnp
 
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rules
 
 Params = dict[str, Any]
 Cache = dict[str, Any]  # {'k': [per-layer arrays], 'v': [...], 'mask': array}; see init_cache.
 
+# The residual stream [B, T, D] is split by batch only (see rules.constrain).
+ACTIVATION_AXES = ("batch", "length", None)
 _NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
 
 
@@ -260,6 +263,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
           else jax.random.split(dropout_rng, cfg.n_layers + 1))
   if rngs is not None:
     x = _dropout(x, cfg.dropout, rngs[-1])
+  x = rules.constrain(x, ACTIVATION_AXES)
 
   def block(x, p, rng, kv):
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
@@ -274,7 +278,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
       h = _attend(p["attn"], q, *kv, allowed, cfg, r[0], heads_major=True)
     x = x + _dropout(h, cfg.dropout, r[1])
     x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg), cfg.dropout, r[2])
-    return x, kv
+    return rules.constrain(x, ACTIVATION_AXES), kv
 
   if cfg.remat:
     block = jax.checkpoint(block)

@@ -3,14 +3,18 @@
 `plan(cfg, mesh, batch, seq_len)` counts exactly what the sharding rules put on one device —
 parameters, AdamW's two moments (float32) — and estimates what XLA adds for a step: the
 activations kept for the backward pass (per layer: the residual stream, q/k/v, attention output,
-the attention probabilities and the MLP's hidden units; with `model.remat` only each layer's input
-plus one layer's worth) and the logits; and for sampling, the KV cache. `xla_step_bytes` asks the
+the attention scores, probabilities and their gradient, the MLP's hidden units; with `model.remat`
+only each layer's input plus one layer's worth) and four float32 copies of the logits; and for
+sampling, the KV cache. Parameters and optimizer bytes are exact; activations are an estimate
+within a factor of about 1.5 of XLA's temporaries (measured on CPU). `xla_step_bytes` asks the
 compiler what it actually allocates, so the two can be compared (`task=memory` prints both).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from typing import Any, Callable
 
 import jax
@@ -21,6 +25,8 @@ from jax.sharding import Mesh
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rules
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
 
 
 def _shard_fraction(axes: tuple, shape: tuple, mesh: Mesh) -> float:
@@ -59,10 +65,11 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (rules.py).
   tokens = b_local * seq_len
   per_layer = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
-                        + 3 * local(f)) * act + b_local * local(h) * seq_len ** 2 * (act + 4)
+                        + 3 * local(f)) * act + b_local * local(h) * seq_len ** 2 * (act + 8)
   layers = cfg.n_layers * (tokens * d * act) + per_layer if cfg.remat else cfg.n_layers * per_layer
   vocab_local = local(cfg.vocab_size)
-  logits = 2 * tokens * vocab_local * 4  # float32 logits and their gradient.
+  # float32 logits, log-softmax, softmax and the logits' gradient.
+  logits = 4 * tokens * vocab_local * 4
   sb = max((sample_batch or batch) // dp, 1)
   kv_cache = 2 * cfg.n_layers * sb * seq_len * local(kv) * dh * act
   out = {"devices": int(mesh.size), "mesh": dict(mesh.shape), "params_total": p["total"],
@@ -91,14 +98,53 @@ def xla_param_bytes(params: Any, shardings: Any) -> int:
 
 
 def format_plan(rows: dict[str, dict]) -> str:
-  """A markdown table, one row per plan, sizes in MiB."""
+  """A markdown table, one row per plan, sizes in MiB per device."""
   keys = ("params", "optimizer", "gradients", "activations", "kv_cache", "train_step")
-  lines = ["| mesh (data, fsdp, tensor) | " + " | ".join(keys) + " |",
+  lines = ["| | " + " | ".join(keys) + " |",
            "|---|" + "---|" * len(keys)]
   for name, r in rows.items():
     lines.append(f"| {name} | " + " | ".join(f"{r[k] / 2**20:.2f}" for k in keys) + " |")
   return "\n".join(lines) + "\n\n(MiB per device)"
 
 
-def mib(n: float) -> str:
-  return f"{np.asarray(n) / 2**20:.2f} MiB"
+def sft_step_lowered(cfg: ModelConfig, par: Any, c: Any, seq_len: int) -> Any:
+  """The SFT train step lowered on `par`'s mesh for abstract inputs (nothing is allocated)."""
+  from rlhfjax.algorithms import sft  # pylint: disable=g-import-not-at-top
+  tx = optimizer.adamw(c, c.steps)
+  state, shardings = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
+                                     transformer.param_axes(cfg), tx, jax.random.key(0),
+                                     abstract=True)
+  half = seq_len // 2
+  batch = {k: jax.ShapeDtypeStruct((c.batch_size, half), np.int32 if "mask" not in k else bool,
+                                   sharding=par.batch)
+           for k in ("prompt", "prompt_mask", "response", "response_mask")}
+  step = par.jit(functools.partial(sft.train_step, cfg=cfg, tx=tx),
+                 (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
+  return step.lower(state, batch, jax.random.key(0))
+
+
+def run(config: Any, workdir: str) -> dict:
+  """task=memory: the plan for this config's model and mesh (SFT step, RM step, PPO rollout) beside
+  what XLA allocates for the SFT step; writes `<workdir>/memory.json`."""
+  from rlhfjax.parallel.sharding import Parallel  # pylint: disable=g-import-not-at-top
+  from rlhfjax.training import experiment  # pylint: disable=g-import-not-at-top
+  from rlhfjax.training import metrics  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig.from_mapping(config.model.to_dict())
+  par = Parallel.from_config(config.mesh)
+  seq = config.format.prompt_len + config.format.response_len
+  plans = {"sft step": plan(cfg, par.mesh, config.sft.batch_size, seq),
+           "rm step": plan(cfg, par.mesh, 2 * config.rm.batch_size, seq),
+           "ppo rollout": plan(cfg, par.mesh, config.ppo.minibatch_size, seq,
+                               config.ppo.rollout_batch)}
+  xla = xla_step_bytes(sft_step_lowered(cfg, par, config.sft, seq))
+  sft_plan = plans["sft step"]
+  report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla}
+  metrics.info(f"mesh {dict(par.mesh.shape)}, {sft_plan['param_count'] / 1e6:.1f}M parameters "
+               f"({sft_plan['params_total'] / 2**20:.1f} MiB in all)\n" + format_plan(plans) +
+               f"\n\nXLA, SFT step per device: arguments {xla['arguments'] / 2**20:.2f} MiB (plan: "
+               f"params + optimizer + batch), temporaries {xla['temporaries'] / 2**20:.2f} MiB "
+               f"(plan: gradients + activations "
+               f"{(sft_plan['gradients'] + sft_plan['activations']) / 2**20:.2f} MiB)")
+  os.makedirs(workdir, exist_ok=True)
+  experiment.write_json(os.path.join(workdir, "memory.json"), report)
+  return report

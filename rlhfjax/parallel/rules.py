@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import jax
 from jax.sharding import Mesh, PartitionSpec
 
 # Data parallel over both data axes; fsdp shards the embedding dimension of every weight (ZeRO-3:
@@ -42,3 +43,14 @@ def spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
     used.update(mesh_axes)
     out.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
   return PartitionSpec(*out)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """Pins an activation's sharding inside a step traced under a mesh (`Parallel.jit` sets one);
+  a no-op otherwise. Keeping the residual stream split by batch makes fsdp gather weights layer by
+  layer (ZeRO-3) instead of letting XLA split activations along `embed` and build full-batch
+  intermediates."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, spec(axes, x.shape, mesh))

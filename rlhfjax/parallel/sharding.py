@@ -126,9 +126,15 @@ class Parallel:
     def call(*args):
       if len(args) != len(in_shardings):
         raise TypeError(f"expected {len(in_shardings)} arguments, got {len(args)}")
-      return jitted(*(self.put(a, s) if not _is_key(a) else a for a, s in zip(args, in_shardings)))
+      with jax.set_mesh(self.mesh):  # Activation constraints (rules.constrain) see the mesh.
+        return jitted(*(self.put(a, s) if not _is_key(a) else a
+                        for a, s in zip(args, in_shardings)))
 
-    call.lower = lambda *args: jitted.lower(*args)  # For memory analysis and benchmarks.
+    def lower(*args):  # For memory analysis and benchmarks.
+      with jax.set_mesh(self.mesh):
+        return jitted.lower(*args)
+
+    call.lower = lower
     return call
 
 

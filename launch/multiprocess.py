@@ -1,6 +1,6 @@
 """Runs one rlhfjax command as several local processes on JAX's distributed runtime.
 
-  python launch/local.py --processes 2 --devices_per_process 2 -- \\
+  python launch/multiprocess.py --processes 2 --devices_per_process 2 -- \\
       --config configs/tldr_sim.py:tiny --workdir runs/mp --config.task=rm
 
 Each process runs `python -m rlhfjax.main <args>` with `config.distributed` set to an explicit

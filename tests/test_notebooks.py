@@ -1,0 +1,48 @@
+"""The Colab TPU demo notebooks run headless on CPU (tiny config) and produce their results."""
+
+import os
+
+import nbformat
+from nbclient import NotebookClient
+
+from conftest import ROOT
+
+NOTEBOOKS = os.path.join(ROOT, "docs", "notebooks")
+
+
+def _execute(name: str, tmp_path, monkeypatch) -> nbformat.NotebookNode:
+  monkeypatch.setenv("RLHFJAX_TINY", "1")
+  monkeypatch.setenv("RLHFJAX_WORKDIR", str(tmp_path / "work"))
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+  NotebookClient(nb, timeout=600, kernel_name="python3",
+                 resources={"metadata": {"path": NOTEBOOKS}}).execute()
+  return nb
+
+
+def _text(nb) -> str:
+  out = []
+  for cell in nb.cells:
+    for o in cell.get("outputs", []):
+      out.append(o.get("text", "") + str(o.get("data", {}).get("text/plain", "")) +
+                 str(o.get("data", {}).get("text/markdown", "")))
+  return "\n".join(out)
+
+
+def test_quickstart_notebook(tmp_path, monkeypatch):
+  nb = _execute("quickstart_colab_tpu.ipynb", tmp_path, monkeypatch)
+  text = _text(nb)
+  assert "cpu 1 devices" in text
+  assert "| sft step |" in text  # The memory plan.
+  assert os.path.exists(tmp_path / "work" / "eval" / "leaderboard.md")
+  assert any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_sharding_notebook(tmp_path, monkeypatch):
+  nb = _execute("sharding_colab_tpu.ipynb", tmp_path, monkeypatch)
+  text = _text(nb)
+  assert "cpu 8 devices" in text  # The notebook forced 8 host devices in its own kernel.
+  for mesh in ("1x1x1", "8x1x1", "1x8x1", "2x2x2"):
+    assert f"mesh {mesh}: loss" in text
+  assert "| 1x8x1 |" in text
