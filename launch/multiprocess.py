@@ -19,6 +19,8 @@ import shlex
 import socket
 import subprocess
 import sys
+
+import cli  # launch/cli.py, beside this script.
 import threading
 import time
 
@@ -94,11 +96,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--port", type=int, default=0, help="coordinator port (0: a free one)")
   parser.add_argument("--timeout", type=float, default=None, help="seconds before stopping all")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  argv = sys.argv[1:] if argv is None else list(argv)
-  cut = argv.index("--") if "--" in argv else len(argv)
-  ns, args = parser.parse_args(argv[:cut]), argv[cut + 1:]  # After --: rlhfjax.main's arguments.
-  if not any(a.startswith("--config") for a in args):
-    parser.error("pass rlhfjax.main's arguments after --, e.g. -- --config configs/tldr_sim.py")
+  ns, args = cli.parse(parser, argv)
   cmds = commands(args, ns.processes, ns.port or free_port())
   env = environment(ns.devices_per_process)
   if ns.dry_run:

@@ -19,6 +19,8 @@ import shlex
 import subprocess
 import sys
 
+import cli  # launch/cli.py, beside this script.
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -63,11 +65,7 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--script", default="", help="where to write the script "
                       "(default: <logs>/<job_name>.sbatch)")
   parser.add_argument("--dry_run", action="store_true", help="print, do not submit")
-  argv = sys.argv[1:] if argv is None else list(argv)
-  cut = argv.index("--") if "--" in argv else len(argv)
-  ns, args = parser.parse_args(argv[:cut]), argv[cut + 1:]  # After --: rlhfjax.main's arguments.
-  if not any(a.startswith("--config") for a in args):
-    parser.error("pass rlhfjax.main's arguments after --, e.g. -- --config configs/tldr_sim.py")
+  ns, args = cli.parse(parser, argv)
   text = script(ns, args)
   path = ns.script or os.path.join(ns.logs, f"{ns.job_name}.sbatch")
   if ns.dry_run:

@@ -21,6 +21,8 @@ import shlex
 import subprocess
 import sys
 
+import cli  # launch/cli.py, beside this script.
+
 # Default TPU VM software for each generation (override with --version).
 RUNTIMES = {"v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
             "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
@@ -121,12 +123,7 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
   parser.add_argument("--logs", default="logs", help="local directory for fetched logs")
   parser.add_argument("--keep", action="store_true", help="with 'all': do not delete at the end")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  argv = sys.argv[1:] if argv is None else list(argv)
-  cut = argv.index("--") if "--" in argv else len(argv)
-  ns, args = parser.parse_args(argv[:cut]), argv[cut + 1:]  # After --: rlhfjax.main's arguments.
-  if ns.step in ("run", "all") and not any(a.startswith("--config") for a in args):
-    parser.error("pass rlhfjax.main's arguments after --, e.g. -- --config configs/tldr_sim.py")
-  return ns, args
+  return cli.parse(parser, argv, needs_main=lambda ns: ns.step in ("run", "all"))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 import importlib.util
 import os
 import shlex
+import sys
 
 import pytest
 
@@ -12,6 +13,8 @@ MAIN_ARGS = ["--config", "configs/tldr_sim.py", "--config.mesh.fsdp=-1", "--conf
 
 
 def _load(name):
+  if os.path.join(ROOT, "launch") not in sys.path:  # Launchers import launch/cli.py beside them.
+    sys.path.insert(0, os.path.join(ROOT, "launch"))
   spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "launch", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
