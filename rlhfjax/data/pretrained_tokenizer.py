@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from rlhfjax.data.tokenizer import before_eos
 from rlhfjax.errors import ConfigError
 
 CONTROL = 3  # llama.cpp's token type of control tokens.
@@ -54,13 +55,7 @@ class PretrainedTokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     """Decodes up to the first eos, skipping pad and other special tokens."""
-    out = []
-    for i in ids:
-      i = int(i)
-      if i == self.eos_id:
-        break
-      out.append(i)
-    return self._tok.decode(out, skip_special_tokens=True)
+    return self._tok.decode(before_eos(ids, self.eos_id), skip_special_tokens=True)
 
   def chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """`messages` ([{'role': 'user', 'content': ...}, ...]) in the model's chat template."""

@@ -17,6 +17,18 @@ import sentencepiece as spm
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
+def before_eos(ids: Iterable[int], eos_id: int, skip: Sequence[int] = ()) -> list[int]:
+  """The ids before the first eos, without those in `skip`: what a response says."""
+  out = []
+  for i in ids:
+    i = int(i)
+    if i == eos_id:
+      break
+    if i not in skip:
+      out.append(i)
+  return out
+
+
 class Tokenizer:
   """A thin wrapper over SentencePieceProcessor that names the special ids."""
 
@@ -40,15 +52,8 @@ class Tokenizer:
     return self._sp.encode(list(texts))
 
   def decode(self, ids: Iterable[int]) -> str:
-    """Decodes up to the first eos, skipping pad and other special ids."""
-    out = []
-    for i in ids:
-      i = int(i)
-      if i == self.eos_id:
-        break
-      if i not in (self.pad_id, self.bos_id):
-        out.append(i)
-    return self._sp.decode(out)
+    """Decodes up to the first eos, skipping pad and bos."""
+    return self._sp.decode(before_eos(ids, self.eos_id, (self.pad_id, self.bos_id)))
 
   def save(self, path: str) -> None:
     """Writes the `.model` file atomically."""
