@@ -15,6 +15,7 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
+from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
@@ -58,14 +59,37 @@ def test_reward_read_at_last_real_token_whatever_the_padding():
   assert abs(float(v[7]) - scores[0]) > 1e-4
 
 
-def test_normalisation_gives_mean_zero_on_the_chosen_set():
+# The same model with the likelihood term (rm.likelihood_weight = 1.5).
+PARAMS_LIK = {**PARAMS, reward_model.LIKELIHOOD: {"weight": jnp.asarray(1.5)}}
+
+
+def test_likelihood_term_adds_weight_times_mean_token_logprob():
+  prompt, response = [5, 9, 4], [12, 13, 1]
+  b = _batch(prompt, response, 6, 5)
+  # By hand: log p of each response token given everything before it, on the unpadded sequence.
+  seq = np.array([prompt + response])
+  logp, _ = transformer.token_logprobs(PARAMS["backbone"], seq, np.ones_like(seq, bool), CFG)
+  mean_logp = float(np.asarray(logp)[0, len(prompt) - 1:].mean())
+  head_only = float(reward_model.score(PARAMS, b, CFG)[0])
+  assert float(reward_model.score(PARAMS_LIK, b, CFG)[0]) == pytest.approx(
+      head_only + 1.5 * mean_logp, rel=1e-5)
+  # Padding on either side changes nothing, and a weight of 0 is the head alone.
+  for pl, rl in ((3, 3), (8, 9)):
+    assert float(reward_model.score(PARAMS_LIK, _batch(prompt, response, pl, rl), CFG)[0]) == (
+        pytest.approx(head_only + 1.5 * mean_logp, rel=1e-5))
+  zero = {**PARAMS, reward_model.LIKELIHOOD: {"weight": jnp.asarray(0.0)}}
+  assert float(reward_model.score(zero, b, CFG)[0]) == pytest.approx(head_only, rel=1e-6)
+
+
+@pytest.mark.parametrize("model", [PARAMS, PARAMS_LIK], ids=["head", "head+likelihood"])
+def test_normalisation_gives_mean_zero_on_the_chosen_set(model):
   rng = np.random.default_rng(0)
   batch = {"prompt": rng.integers(4, 32, (16, 6)).astype(np.int32), "prompt_mask": np.ones((16, 6), bool),
            "response": rng.integers(4, 32, (16, 5)).astype(np.int32),
            "response_mask": np.arange(5)[None] < rng.integers(1, 6, (16, 1))}
-  raw = np.asarray(reward_model.score(PARAMS, batch, CFG))
+  raw = np.asarray(reward_model.score(model, batch, CFG))
   for with_std in (False, True):
-    params, norm = reward_model.normalize(PARAMS, raw, with_std)
+    params, norm = reward_model.normalize(model, raw, with_std)
     after = np.asarray(reward_model.score(params, batch, CFG))
     assert abs(after.mean()) < 1e-5 and norm["mean"] == pytest.approx(raw.mean(), rel=1e-6)
     np.testing.assert_allclose(after, (raw - raw.mean()) * norm["gain"], atol=1e-5)
@@ -111,9 +135,10 @@ def test_pipeline_writes_comparisons_model_and_report(pipeline_run):
   with open(f"{workdir}/label/annotators.json") as f:
     pools = json.load(f)
   assert pools["gold"]["gold_agreement"] == 1.0 and pools["gold"]["variance"] == 0.0
-  for key in ("accuracy", "accuracy_eval_pool", "accuracy_gold", "length_accuracy_gold", "margin"):
+  for key in ("accuracy", "accuracy_eval_pool", "accuracy_gold", "length_accuracy_gold",
+              "likelihood_accuracy_gold", "margin"):
     assert key in report, key
-  assert len(report["probes"]) == 8 and len(report["agreement"]["names"]) == 9
+  assert len(report["probes"]) == 8 and len(report["agreement"]["names"]) == 10
   with open(f"{workdir}/rm/eval.json") as f:
     assert json.load(f)["pairs"] == config.label.num_val_pairs
 

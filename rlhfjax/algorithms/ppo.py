@@ -232,10 +232,12 @@ def _tx(c: Any) -> optax.GradientTransformation:
 
 
 def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> PPOState:
-  """Policy from SFT, value model from the reward model, β from `ppo.kl_coef`."""
+  """Policy from SFT, value model from the reward model's backbone and head (not its likelihood
+  term: values are per-token head outputs), β from `ppo.kl_coef`."""
   c = exp.config.ppo
+  value = {"backbone": rm_params["backbone"], "head": rm_params["head"]}
   # Copies: the trained trees must not alias the frozen reference and reward trees.
-  params = jax.tree.map(jnp.copy, {"policy": sft_params, "value": rm_params})
+  params = jax.tree.map(jnp.copy, {"policy": sft_params, "value": value})
   tx = _tx(c)
   return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
@@ -260,7 +262,8 @@ def train(exp: experiment.Experiment) -> PPOState:
   state, shardings = par.train_state(functools.partial(init_state, exp), param_axes(exp.model), tx,
                                      ref_params, reward_params)
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
-                    (shardings, shardings.params["policy"], shardings.params["value"], par.batch,
+                    (shardings, shardings.params["policy"],
+                     par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
   with_gold = world.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.

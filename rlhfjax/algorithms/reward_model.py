@@ -5,8 +5,17 @@ The model is the SFT decoder with a scalar head read at the last real token of p
 
   loss = -log sigmoid(r_θ(x, c) - r_θ(x, r)),
 
-averaged over the batch; one epoch by default (Stiennon et al. found more epochs overfit). After
-training, the head's bias (and, with `normalize_std`, its gain) is shifted so that the reference
+averaged over the batch; one epoch by default (Stiennon et al. found more epochs overfit).
+
+With `rm.likelihood_weight` λ ≠ 0 the score is r_θ(x, y) = head(h_last) + λ · (1/|y|) Σ_t log π_θ(y_t |
+x, y_<t), where π_θ is the model's own language-model head (the SFT policy's, at first) and λ is a
+learned parameter starting at the config value: the length-normalised likelihood that RRHF and
+SimPO use as an implicit reward, added to the scalar head and trained with it. The SFT model has
+learned which details follow from a post (a wrong age or relation is unlikely under it); a small
+head trained on a few thousand noisy pairs does not learn that check on its own
+(docs/reward_model.md). λ = 0 is the head-only model of Stiennon et al.
+
+After training, the head's bias (and, with `normalize_std`, its gain) is shifted so that the reference
 summaries (or the SFT samples) of the PREF posts score mean 0 (std 1): the normalised model is saved
 in `<workdir>/rm/model` with the offsets in its metadata, and every later stage reads rewards from it.
 
@@ -38,6 +47,7 @@ from rlhfjax.feedback import annotators
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
 from rlhfjax.models import policy
+from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import checkpoint
@@ -48,6 +58,7 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 NORMALIZE = ("reference", "sft", "none")
+LIKELIHOOD = "likelihood"
 
 
 def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.Array]:
@@ -58,9 +69,16 @@ def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.A
 
 
 def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "response") -> jax.Array:
-  """The reward [B] of `batch[response]` after `batch['prompt']`, read at the last real token."""
+  """The reward [B] of `batch[response]` after `batch['prompt']`: the head read at the last real
+  token, plus, in a model with a likelihood term, its weight times the response's mean token
+  log-probability under the model's own language-model head."""
   tokens, mask = pipeline.prompt_and(batch, response)
-  return heads.reward(params, tokens, mask, cfg)
+  hidden, _ = transformer.forward(params["backbone"], tokens, cfg, mask=mask)
+  r = heads.gather_last(heads.apply_scalar_head(params["head"], hidden), mask)
+  if LIKELIHOOD in params:
+    logp = policy.mean_response_logprob(params["backbone"], hidden, batch, cfg, response)
+    r = r + params[LIKELIHOOD]["weight"] * logp
+  return r
 
 
 def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
@@ -130,9 +148,19 @@ def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
 
 
 def init_params(exp: experiment.Experiment, sft_params: Any) -> dict:
-  """SFT backbone with a fresh scalar head (std 1/sqrt(d_model + 1))."""
+  """SFT backbone with a fresh scalar head (std 1/sqrt(d_model + 1)), and the likelihood term's
+  weight at `rm.likelihood_weight` unless that is 0."""
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 3)
-  return {"backbone": sft_params, "head": heads.init_scalar_head(key, exp.model.d_model)}
+  params = {"backbone": sft_params, "head": heads.init_scalar_head(key, exp.model.d_model)}
+  if exp.config.rm.likelihood_weight:
+    params[LIKELIHOOD] = {"weight": jnp.asarray(exp.config.rm.likelihood_weight, jnp.float32)}
+  return params
+
+
+def param_axes(exp: experiment.Experiment) -> dict:
+  """Logical axes of the reward model's parameters (`init_params`' tree)."""
+  axes = heads.param_axes(exp.model)
+  return {**axes, LIKELIHOOD: {"weight": ()}} if exp.config.rm.likelihood_weight else axes
 
 
 def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
@@ -156,7 +184,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   par.check_batch("rm.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps)
   state, shardings = par.train_state(lambda p: TrainState.create(init_params(exp, p), tx),
-                                     heads.param_axes(exp.model), tx, sft_params)
+                                     param_axes(exp), tx, sft_params)
   step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
                     (shardings, par.batch), (shardings, par.replicated), (0,))
 
@@ -198,9 +226,11 @@ def normalize(params: dict, scores: np.ndarray, with_std: bool) -> tuple[dict, d
   params and the offsets applied."""
   mean = float(np.mean(scores))
   gain = 1.0 / float(np.std(scores)) if with_std else 1.0
-  head = {"kernel": params["head"]["kernel"] * gain,
-          "bias": (params["head"]["bias"] - mean) * gain}
-  return {**params, "head": head}, {"mean": mean, "gain": gain, "count": int(len(scores))}
+  out = {**params, "head": {"kernel": params["head"]["kernel"] * gain,
+                            "bias": (params["head"]["bias"] - mean) * gain}}
+  if LIKELIHOOD in params:
+    out[LIKELIHOOD] = {"weight": params[LIKELIHOOD]["weight"] * gain}
+  return out, {"mean": mean, "gain": gain, "count": int(len(scores))}
 
 
 def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparison]):
@@ -215,9 +245,9 @@ def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparis
 
 def model_template(exp: experiment.Experiment) -> dict:
   """The abstract reward-model parameters, sharded on this run's mesh (a restore target)."""
-  shapes = jax.eval_shape(lambda: heads.init(jax.random.key(0), exp.model))
+  shapes = jax.eval_shape(lambda: init_params(exp, transformer.init(jax.random.key(0), exp.model)))
   par = exp.parallel
-  return par.abstract(shapes, par.shardings(heads.param_axes(exp.model), shapes))
+  return par.abstract(shapes, par.shardings(param_axes(exp), shapes))
 
 
 def load(exp: experiment.Experiment) -> tuple[dict, dict]:
@@ -312,9 +342,12 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
                                                          gold_pref),
       "labels_accuracy_gold": agreement.accuracy_against(labels, gold_pref)})
 
+  heuristics = heuristic_preferences(exp, sft_params, examples, a, b)
+  report["likelihood_accuracy_gold"] = agreement.accuracy_against(heuristics["SFT mean log p"],
+                                                                 gold_pref)
   prefs = {"train pool": labels, "eval pool": eval_labels,
            "single": pools["single"].annotate(examples, a, b, rng), "gold": gold_pref,
-           "RM": rm_pref, **heuristic_preferences(exp, sft_params, examples, a, b)}
+           "RM": rm_pref, **heuristics}
   mean, se = agreement.agreement_matrix(prefs, rng, c.bootstrap)
   report["agreement"] = {"names": list(prefs), "mean": mean.tolist(), "se": se.tolist()}
 
@@ -328,30 +361,36 @@ def heuristic_preferences(exp: experiment.Experiment, sft_params: Any,
                           examples: Sequence[world.Example], a: Sequence[str],
                           b: Sequence[str]) -> dict[str, np.ndarray]:
   """Preferences of the heuristics in Stiennon et al.'s Table 20: the longer summary, the one that
-  copies more of the post, the higher ROUGE-L against the reference, the higher SFT log-probability."""
-  logp = sft_log_probs(sft_params, exp, examples, list(a) + list(b))
+  copies more of the post, the higher ROUGE-L against the reference, the higher SFT log-probability;
+  and the higher mean log-probability per token (the likelihood term alone, with no labels)."""
+  logp, mean_logp = sft_log_probs(sft_params, exp, examples, list(a) + list(b))
   refs = [e.reference for e in examples]
   return {"length": agreement.length_preference(a, b),
           "copying": agreement.prefer_higher(*([agreement.copying(t, e.post) for t, e in
                                                 zip(texts, examples)] for texts in (a, b))),
           "ROUGE-L": agreement.prefer_higher(summaries.rouge_l(a, refs), summaries.rouge_l(b, refs)),
-          "SFT log p": agreement.prefer_higher(logp[:len(a)], logp[len(a):])}
+          "SFT log p": agreement.prefer_higher(logp[:len(a)], logp[len(a):]),
+          "SFT mean log p": agreement.prefer_higher(mean_logp[:len(a)], mean_logp[len(a):])}
 
 
 _logp_fn = jax.jit(policy.response_logprobs, static_argnames="cfg")
 
 
 def sft_log_probs(params: Any, exp: experiment.Experiment,
-                  posts: Sequence[pipeline.Post | world.Example], texts: Sequence[str]) -> np.ndarray:
-  """Total log-probability of each of `texts` under the SFT policy; `texts` holds one or more
-  responses per post, in blocks of `len(posts)`."""
+                  posts: Sequence[pipeline.Post | world.Example],
+                  texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+  """Total and mean per-token log-probability of each of `texts` under the SFT policy; `texts`
+  holds one or more responses per post, in blocks of `len(posts)`."""
   fmt = exp.config.format
   data = {**pipeline.encode_prompts(exp.tokenizer, list(posts) * (len(texts) // len(posts)),
                                     fmt.prompt_len),
           **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  out = [to_host(_logp_fn(params, b, exp.model)).sum(-1)[:k]
-         for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size)]
-  return np.concatenate(out)
+  total, count = [], []
+  for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size):
+    total.append(to_host(_logp_fn(params, b, exp.model)).sum(-1)[:k])
+    count.append(np.asarray(b["response_mask"]).sum(-1)[:k])
+  total, count = np.concatenate(total), np.concatenate(count)
+  return total, total / np.maximum(count, 1)
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -364,7 +403,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"- accuracy on the evaluation pool's (noiseless) labels: "
         f"{100 * report['accuracy_eval_pool']:.1f}%",
         f"- agreement with the gold argmax: {100 * report['accuracy_gold']:.1f}% (length-only "
-        f"heuristic: {100 * report['length_accuracy_gold']:.1f}%; the training labels themselves: "
+        f"heuristic: {100 * report['length_accuracy_gold']:.1f}%; the SFT policy's mean token "
+        f"log-probability alone: {100 * report['likelihood_accuracy_gold']:.1f}%; the training "
+        f"labels themselves: "
         f"{100 * report['labels_accuracy_gold']:.1f}%; gold ties excluded, "
         f"{100 * report['gold_ties']:.0f}% of pairs)"]
   lines.append(f"- mean margin (chosen - rejected): {report['margin']:.3f}")

@@ -22,10 +22,25 @@ def response_distributions(params, batch: pipeline.Batch, cfg: ModelConfig,
   the distribution each response token was drawn from."""
   tokens, mask = pipeline.prompt_and(batch)
   hidden, _ = transformer.forward(params, tokens, cfg, mask=mask, dropout_rng=dropout_rng)
-  prompt_len = batch["prompt"].shape[1]
+  return distributions_from_hidden(params, hidden, batch["prompt"].shape[1], cfg, temperature)
+
+
+def distributions_from_hidden(params, hidden: jax.Array, prompt_len: int, cfg: ModelConfig,
+                              temperature: float = 1.0) -> jax.Array:
+  """`response_distributions` from the decoder's final hidden states [B, prompt_len + R, D]."""
   # Position t predicts token t+1: the last prompt column predicts the first response token.
   logits = transformer.lm_logits(params, hidden[:, prompt_len - 1:-1], cfg) / temperature
   return jax.nn.log_softmax(logits)
+
+
+def mean_response_logprob(params, hidden: jax.Array, batch: pipeline.Batch, cfg: ModelConfig,
+                          response: str = "response") -> jax.Array:
+  """Mean log p per real token of `batch[response]` [B] (the length-normalised likelihood of
+  RRHF / SimPO), from the decoder's final hidden states over prompt + response."""
+  logp_all = distributions_from_hidden(params, hidden, batch["prompt"].shape[1], cfg)
+  logp = jnp.take_along_axis(logp_all, batch[response][..., None], -1)[..., 0]
+  m = batch[f"{response}_mask"]
+  return jnp.where(m, logp, 0.0).sum(-1) / jnp.maximum(m.sum(-1), 1)
 
 
 def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
