@@ -59,7 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # rm.valid_file in AlpacaFarm's layout; `label` (sampling SFT pairs) is not a stage here, and its
   # simulated pools could not judge instructions anyway.
   c.rm.update(layout="alpaca", batch_size=16, epochs=1.0, warmup_steps=18, schedule="cosine",
-              eval_every=100, normalize="reference", likelihood_weight=0.0)
+              eval_every=100, normalize="reference", likelihood_weight=0.0,
+              head_init_scale=1.0)
   c.label.update(annotator="rm")
 
   # PPO (rlhf_ppo.sh, ppo_utils.py): KL coefficient 0.02 fixed, 2 optimisation epochs per rollout

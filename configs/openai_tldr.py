@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Reward model: batch 64, one epoch (App. B); normalised, as in the paper, so that the reference
   # summaries score mean 0 (rm.normalize='reference', on the train posts).
   c.rm.update(batch_size=64, epochs=1.0, eval_every=200, normalize="reference",
-              likelihood_weight=0.0)  # The paper's head-only reward model.
+              likelihood_weight=0.0, head_init_scale=1.0)  # The paper's reward model.
 
   # PPO: a fixed KL coefficient β = 0.05 and 4 optimisation epochs per rollout batch, with separate
   # policy and value networks, the value one initialised from the reward model (App. B; the

@@ -41,7 +41,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval.update(num_examples=32, batch_size=16, show=3, methods="sft,ppo")
   c.label.update(num_pairs=96, num_val_pairs=32, batch_size=16)
   c.rm.update(batch_size=4, lr=1e-5, warmup_steps=2, log_every=4, eval_every=8, eval_batch_size=16,
-              norm_examples=32, probe_examples=16, bootstrap=100, likelihood_weight=0.0)
+              norm_examples=32, probe_examples=16, bootstrap=100, likelihood_weight=0.0,
+              head_init_scale=1.0)
   c.ppo.update(steps=8, rollout_batch=8, minibatch_size=4, epochs=1, lr=1e-5, eval_every=4,
                eval_examples=16)
   c.checkpoint.update(every=20)

@@ -81,14 +81,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # that `normalize` ('reference' summaries | 'sft' samples | 'none') has mean 0 (and std 1 with
   # normalize_std). Comparison files default to task=label's output. likelihood_weight: the score
   # adds this (learned) weight times the response's mean token log-probability under the model's
-  # own LM head; 0 is Stiennon et al.'s head-only model. The 2-layer model here needs it: its head
-  # alone learns length, not fact-checking (docs/reward_model.md); 3 was chosen on the
-  # evaluation pool's labels among 1, 2, 3, 5.
+  # own LM head; head_init_scale multiplies the head's initial kernel (std 1/sqrt(d_model + 1)).
+  # Stiennon et al.'s model is likelihood_weight=0, head_init_scale=1. The 2-layer model here needs
+  # the likelihood: its head alone learns length, not fact-checking; and a zero head lets it start
+  # as the SFT likelihood judge instead of that plus a random head (docs/reward_model.md). Both
+  # values were chosen on the evaluation pool's labels (weights 1, 2, 3, 5; scales 0, 1).
   c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=3e-4,
               warmup_steps=10, schedule="cosine", end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8,
               weight_decay=0.0, grad_clip=1.0, log_every=10, eval_every=50, eval_batch_size=64,
               normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
-              bootstrap=200, likelihood_weight=3.0)
+              bootstrap=200, likelihood_weight=3.0, head_init_scale=0.0)
 
   # PPO against the reward model (Ziegler et al. / Stiennon et al.; knobs named as in TRL where
   # they exist). Per-token reward -kl_coef * (log pi - log pi_ref), plus the RM score at eos, or

@@ -13,7 +13,9 @@ learned parameter starting at the config value: the length-normalised likelihood
 SimPO use as an implicit reward, added to the scalar head and trained with it. The SFT model has
 learned which details follow from a post (a wrong age or relation is unlikely under it); a small
 head trained on a few thousand noisy pairs does not learn that check on its own
-(docs/reward_model.md). λ = 0 is the head-only model of Stiennon et al.
+(docs/reward_model.md). λ = 0 is the head-only model of Stiennon et al. `rm.head_init_scale`
+multiplies the head's initial kernel; at 0 a model with the likelihood term starts as the SFT
+policy's likelihood judge rather than that judge plus a random head.
 
 After training, the head's bias (and, with `normalize_std`, its gain) is shifted so that the reference
 summaries (or the SFT samples) of the PREF posts score mean 0 (std 1): the normalised model is saved
@@ -148,10 +150,12 @@ def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
 
 
 def init_params(exp: experiment.Experiment, sft_params: Any) -> dict:
-  """SFT backbone with a fresh scalar head (std 1/sqrt(d_model + 1)), and the likelihood term's
-  weight at `rm.likelihood_weight` unless that is 0."""
+  """SFT backbone with a fresh scalar head (kernel std `rm.head_init_scale` / sqrt(d_model + 1),
+  bias 0), and the likelihood term's weight at `rm.likelihood_weight` unless that is 0."""
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 3)
-  params = {"backbone": sft_params, "head": heads.init_scalar_head(key, exp.model.d_model)}
+  head = heads.init_scalar_head(key, exp.model.d_model)
+  params = {"backbone": sft_params,
+            "head": {**head, "kernel": head["kernel"] * exp.config.rm.head_init_scale}}
   if exp.config.rm.likelihood_weight:
     params[LIKELIHOOD] = {"weight": jnp.asarray(exp.config.rm.likelihood_weight, jnp.float32)}
   return params
