@@ -5,7 +5,8 @@
 
 writes `<workdir>/export/ppo/` (`config.json` + `model.safetensors`), which transformers loads as
 `LlamaForCausalLM` / `GPT2LMHeadModel`; `export.model=rm` writes the normalised reward model as
-`*ForSequenceClassification` with one label (see `hf_checkpoint.save`). The tokenizer is not
+`*ForSequenceClassification` with one label and, for a model with a likelihood term, its weight in
+`config.json` (see `hf_checkpoint.save`). The tokenizer is not
 written: a pretrained run's is the source model's, the quickstart's is `<workdir>/tokenizer.model`.
 """
 

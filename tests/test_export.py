@@ -55,6 +55,9 @@ def test_export_reward_model_keeps_scores_and_offset(tiny_pipeline):
   assert hf["pad_token_id"] == exp.tokenizer.pad_id
   # The normalisation offset lives in the bias, which transformers' score layer lacks.
   assert hf["reward_bias"] == pytest.approx(float(np.asarray(want["head"]["bias"])))
+  # The tiny config's reward model has a likelihood term: its weight travels in config.json.
+  assert hf["reward_likelihood_weight"] == pytest.approx(
+      float(np.asarray(want[reward_model.LIKELIHOOD]["weight"])))
   assert meta["normalization"]["mean"] != 0.0
   examples = exp.splits["test"][:4]
   texts = [e.reference for e in examples]

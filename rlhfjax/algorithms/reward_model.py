@@ -60,7 +60,7 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 NORMALIZE = ("reference", "sft", "none")
-LIKELIHOOD = "likelihood"
+LIKELIHOOD = heads.LIKELIHOOD
 
 
 def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.Array]:

@@ -16,6 +16,11 @@ from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
 
+# A reward model's optional likelihood term, `{LIKELIHOOD: {'weight': λ}}` beside backbone and head
+# (see algorithms/reward_model.score).
+LIKELIHOOD = "likelihood"
+
+
 def init_scalar_head(rng: jax.Array, d_model: int) -> dict[str, jax.Array]:
   return {"kernel": jax.random.normal(rng, (d_model,)) / math.sqrt(d_model + 1),
           "bias": jnp.zeros(())}

@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax.models import heads
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
@@ -304,6 +305,8 @@ def load(directory: str, dtype: str | None = None,
     head = {"kernel": take("score.weight", (1, d))[0],
             "bias": np.asarray(_key(hf, config_path, "reward_bias", 0.0), DTYPES[dtype])}
     params = {"backbone": params, "head": head}
+    if hf.get("reward_likelihood_weight") is not None:
+      params[heads.LIKELIHOOD] = {"weight": np.asarray(hf["reward_likelihood_weight"], np.float32)}
   unexpected = sorted(n for n in tensors if not _BUFFERS.fullmatch(n))
   if unexpected:
     raise ConfigError(f"{where[unexpected[0]]}: unexpected tensor(s) {', '.join(unexpected[:5])}"
@@ -342,13 +345,18 @@ def reward_tensors(params: dict, cfg: ModelConfig) -> Tensors:
           "score.weight": np.asarray(params["head"]["kernel"])[None, :]}
 
 
-def _reward_config(cfg: ModelConfig, torch_dtype: str, bias: float, pad_id: int) -> dict[str, Any]:
+def _reward_config(cfg: ModelConfig, torch_dtype: str, params: dict, pad_id: int) -> dict[str, Any]:
   """`config.json` of a reward model. transformers' score layer has no bias: ours (the
   normalisation offset) is kept as `reward_bias`, to be added to its logit; the score is read at
-  the last token that is not `pad_token_id`, as rlhfjax reads it at the last real token."""
+  the last token that is not `pad_token_id`, as rlhfjax reads it at the last real token. A model
+  with a likelihood term also keeps `reward_likelihood_weight` λ: add λ times the response's mean
+  token log-probability under the language-model head (the tied embedding or `lm_head.weight`)."""
   out = _hf_config(cfg, torch_dtype)
   out.update(architectures=[REWARD_CLASSES[cfg.variant]], num_labels=1, id2label={"0": "LABEL_0"},
-             label2id={"LABEL_0": 0}, pad_token_id=pad_id, reward_bias=bias)
+             label2id={"LABEL_0": 0}, pad_token_id=pad_id,
+             reward_bias=float(np.asarray(params["head"]["bias"])))
+  if heads.LIKELIHOOD in params:
+    out["reward_likelihood_weight"] = float(np.asarray(params[heads.LIKELIHOOD]["weight"]))
   return out
 
 
@@ -377,8 +385,8 @@ def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = Non
       shutil.rmtree(stale)
   os.makedirs(tmp)
   with open(os.path.join(tmp, CONFIG), "w", encoding="utf-8") as f:
-    config = (_reward_config(cfg, torch_dtype, float(np.asarray(params["head"]["bias"])),
-                             reward_pad_id) if reward else _hf_config(cfg, torch_dtype))
+    config = (_reward_config(cfg, torch_dtype, params, reward_pad_id) if reward
+              else _hf_config(cfg, torch_dtype))
     json.dump(config, f, indent=2)
   save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()}, os.path.join(tmp, WEIGHTS),
             metadata={"format": "pt"})  # transformers requires the "pt" format tag.
