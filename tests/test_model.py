@@ -115,9 +115,13 @@ def test_reward_read_at_last_real_token():
   right_mask = np.array([[1, 1, 1, 1, 0, 0]], bool)
   left = np.array([[0, 0, 5, 6, 7, 8]])
   left_mask = right_mask[:, ::-1]
-  plain = heads.reward(params, seq[None], np.ones((1, 4), bool), cfg)
+  def reward(tokens, mask):
+    hidden, _ = transformer.forward(params["backbone"], tokens, cfg, mask=mask)
+    return heads.read_last(params["head"], hidden, mask)
+
+  plain = reward(seq[None], np.ones((1, 4), bool))
   for tokens, mask in ((right, right_mask), (left, left_mask)):
-    np.testing.assert_allclose(heads.reward(params, tokens, mask, cfg), plain, atol=1e-5)
+    np.testing.assert_allclose(reward(tokens, mask), plain, atol=1e-5)
   np.testing.assert_array_equal(heads.last_token_index(np.array([[1, 1, 0], [0, 1, 1]], bool)),
                                 [1, 2])
 

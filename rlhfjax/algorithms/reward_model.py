@@ -7,9 +7,12 @@ The model is the SFT decoder with a scalar head read at the last real token of p
 
 averaged over the batch; one epoch by default (Stiennon et al. found more epochs overfit).
 
-With `rm.likelihood_weight` λ ≠ 0 the score is r_θ(x, y) = head(h_last) + λ · (1/|y|) Σ_t log π_θ(y_t |
-x, y_<t), where π_θ is the model's own language-model head (the SFT policy's, at first) and λ is a
-learned parameter starting at the config value: the length-normalised likelihood that RRHF and
+With `rm.likelihood_weight` λ ≠ 0 the score is
+
+  r_θ(x, y) = head(h_last) + λ · (1/|y|) Σ_t log π_θ(y_t | x, y_<t),
+
+where π_θ is the model's own language-model head (the SFT policy's, at first) and λ is a learned
+parameter starting at the config value: the length-normalised likelihood that RRHF and
 SimPO use as an implicit reward, added to the scalar head and trained with it. The SFT model has
 learned which details follow from a post (a wrong age or relation is unlikely under it); a small
 head trained on a few thousand noisy pairs does not learn that check on its own
@@ -17,9 +20,10 @@ head trained on a few thousand noisy pairs does not learn that check on its own
 multiplies the head's initial kernel; at 0 a model with the likelihood term starts as the SFT
 policy's likelihood judge rather than that judge plus a random head.
 
-After training, the head's bias (and, with `normalize_std`, its gain) is shifted so that the reference
-summaries (or the SFT samples) of the PREF posts score mean 0 (std 1): the normalised model is saved
-in `<workdir>/rm/model` with the offsets in its metadata, and every later stage reads rewards from it.
+After training, the head's bias is shifted (and, with `normalize_std`, the head and λ are scaled)
+so that the reference summaries (or the SFT samples) of the PREF posts score mean 0 (std 1): the
+normalised model is saved in `<workdir>/rm/model` with the offsets in its metadata, and every later
+stage reads rewards from it.
 
 Reported: train/val accuracy on the (noisy) labels it was trained on, accuracy against the noiseless
 evaluation pool and against the gold argmax (gold ties excluded), the mean margin, the length-only
@@ -76,7 +80,7 @@ def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "resp
   log-probability under the model's own language-model head."""
   tokens, mask = pipeline.prompt_and(batch, response)
   hidden, _ = transformer.forward(params["backbone"], tokens, cfg, mask=mask)
-  r = heads.gather_last(heads.apply_scalar_head(params["head"], hidden), mask)
+  r = heads.read_last(params["head"], hidden, mask)
   if LIKELIHOOD in params:
     logp = policy.mean_response_logprob(params["backbone"], hidden, batch, cfg, response)
     r = r + params[LIKELIHOOD]["weight"] * logp

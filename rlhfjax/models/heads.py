@@ -63,6 +63,6 @@ def values(params: dict, tokens: jax.Array, mask: jax.Array, cfg: ModelConfig) -
   return apply_scalar_head(params["head"], hidden)
 
 
-def reward(params: dict, tokens: jax.Array, mask: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """One score per sequence [B], read at its last real token."""
-  return gather_last(values(params, tokens, mask, cfg), mask)
+def read_last(head: dict[str, jax.Array], hidden: jax.Array, mask: jax.Array) -> jax.Array:
+  """The head's score of each sequence [B], read at its last real token of hidden [B,T,D]."""
+  return gather_last(apply_scalar_head(head, hidden), mask)

@@ -256,7 +256,7 @@ def load(directory: str, dtype: str | None = None,
   `dtype` (float32, bfloat16, float16) casts the parameters and sets the config's dtypes; None
   keeps the stored dtype when all tensors share one, else float32, so nothing is rounded.
   `reward`: a reward model written by `save(..., reward_pad_id=...)`, returned as
-  `{'backbone', 'head'}`.
+  `{'backbone', 'head'}`, with `heads.LIKELIHOOD` when config.json has `reward_likelihood_weight`.
   """
   config_path = os.path.join(directory, CONFIG)
   hf = _read_json(config_path)
@@ -306,7 +306,8 @@ def load(directory: str, dtype: str | None = None,
             "bias": np.asarray(_key(hf, config_path, "reward_bias", 0.0), DTYPES[dtype])}
     params = {"backbone": params, "head": head}
     if hf.get("reward_likelihood_weight") is not None:
-      params[heads.LIKELIHOOD] = {"weight": np.asarray(hf["reward_likelihood_weight"], np.float32)}
+      params[heads.LIKELIHOOD] = {"weight": np.asarray(hf["reward_likelihood_weight"],
+                                                       DTYPES[dtype])}
   unexpected = sorted(n for n in tensors if not _BUFFERS.fullmatch(n))
   if unexpected:
     raise ConfigError(f"{where[unexpected[0]]}: unexpected tensor(s) {', '.join(unexpected[:5])}"
