@@ -4,17 +4,21 @@ training that learns, and the SFT -> label -> RM pipeline with its outputs and r
 import functools
 import json
 import math
+import types
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from rlhfjax import main
 from rlhfjax.algorithms import reward_model
+from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
+from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import optimizer
@@ -79,6 +83,27 @@ def test_likelihood_term_adds_weight_times_mean_token_logprob():
         pytest.approx(head_only + 1.5 * mean_logp, rel=1e-5))
   zero = {**PARAMS, reward_model.LIKELIHOOD: {"weight": jnp.asarray(0.0)}}
   assert float(reward_model.score(zero, b, CFG)[0]) == pytest.approx(head_only, rel=1e-6)
+
+
+def test_init_params_with_a_zero_head_is_the_likelihood_judge():
+  """rm.head_init_scale=0 and rm.likelihood_weight=3: before training the score is 3 x the mean
+  token log-probability (the head reads zero); scale 1 is Stiennon et al.'s N(0, 1/(d + 1)) head."""
+  def exp(weight, scale):
+    rm = ml_collections.ConfigDict(dict(likelihood_weight=weight, head_init_scale=scale))
+    return types.SimpleNamespace(config=ml_collections.ConfigDict(dict(seed=0, rm=rm)), model=CFG)
+
+  judge = reward_model.init_params(exp(3.0, 0.0), PARAMS["backbone"])
+  b = _batch([5, 9, 4], [12, 13, 1], 6, 5)
+  tokens, mask = pipeline.prompt_and(b)
+  hidden, _ = transformer.forward(PARAMS["backbone"], tokens, CFG, mask=mask)
+  mean_logp = float(policy.mean_response_logprob(PARAMS["backbone"], hidden, b, CFG)[0])
+  assert float(reward_model.score(judge, b, CFG)[0]) == pytest.approx(3.0 * mean_logp, rel=1e-6)
+  assert set(judge) == set(reward_model.param_axes(exp(3.0, 0.0))) == {"backbone", "head",
+                                                                      "likelihood"}
+  plain = reward_model.init_params(exp(0.0, 1.0), PARAMS["backbone"])
+  assert set(plain) == set(reward_model.param_axes(exp(0.0, 1.0))) == {"backbone", "head"}
+  assert float(jnp.std(plain["head"]["kernel"])) == pytest.approx(1 / math.sqrt(CFG.d_model + 1),
+                                                                  rel=0.5)
 
 
 @pytest.mark.parametrize("model", [PARAMS, PARAMS_LIK], ids=["head", "head+likelihood"])
