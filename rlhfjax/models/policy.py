@@ -33,12 +33,18 @@ def distributions_from_hidden(params, hidden: jax.Array, prompt_len: int, cfg: M
   return jax.nn.log_softmax(logits)
 
 
+def _chosen(logp_all: jax.Array, tokens: jax.Array) -> jax.Array:
+  """log p of each token [B, R] from the distributions it was drawn from [B, R, V]."""
+  return jnp.take_along_axis(logp_all, tokens[..., None], -1)[..., 0]
+
+
 def mean_response_logprob(params, hidden: jax.Array, batch: pipeline.Batch, cfg: ModelConfig,
                           response: str = "response") -> jax.Array:
   """Mean log p per real token of `batch[response]` [B] (the length-normalised likelihood of
-  RRHF / SimPO), from the decoder's final hidden states over prompt + response."""
-  logp_all = distributions_from_hidden(params, hidden, batch["prompt"].shape[1], cfg)
-  logp = jnp.take_along_axis(logp_all, batch[response][..., None], -1)[..., 0]
+  RRHF / SimPO), from the decoder's final hidden states over prompt + response. Always at
+  temperature 1: a reward is a function of the text, not of the sampler that wrote it."""
+  logp = _chosen(distributions_from_hidden(params, hidden, batch["prompt"].shape[1], cfg),
+                 batch[response])
   m = batch[f"{response}_mask"]
   return jnp.where(m, logp, 0.0).sum(-1) / jnp.maximum(m.sum(-1), 1)
 
@@ -49,7 +55,7 @@ def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
   """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
   entropy of that distribution; both [B, R] and 0 at padding."""
   logp_all = response_distributions(params, batch, cfg, dropout_rng, temperature)
-  logp = jnp.take_along_axis(logp_all, batch["response"][..., None], -1)[..., 0]
+  logp = _chosen(logp_all, batch["response"])
   entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
   m = batch["response_mask"]
   return jnp.where(m, logp, 0.0), jnp.where(m, entropy, 0.0)
