@@ -38,5 +38,7 @@ setuptools.setup(
     extras_require={
         # The notebooks under docs/ run headless in the tests.
         "test": ["pytest>=8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
+        # libtpu: run on TPU VMs, and on any host compile steps for TPU slices (task=compile).
+        "tpu": ["jax[tpu]>=0.5"],
     },
 )

@@ -46,7 +46,7 @@ def main() -> None:
   policy = transformer.init(keys[0], cfg)
   reward = {"backbone": transformer.init(keys[1], cfg),
             "head": heads.init_scalar_head(keys[2], cfg.d_model)}
-  tx = ppo._tx(c)
+  tx = ppo.adamw(c)
   params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
   state = ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                        kl_coef=jnp.asarray(c.kl_coef, jnp.float32))

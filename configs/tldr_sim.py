@@ -21,7 +21,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   # Devices: the Mesh's axes (one may be -1: the devices left) — data parallel, fully sharded data
   # parallel (parameters and optimizer state split), tensor parallel. See docs/scaling.md.
-  c.mesh = dict(data=-1, fsdp=1, tensor=1)
+  # auto: try the shapes of a TPU slice and take the fitting one with the best estimated step
+  # time (task=compile, launch/tpu_pod.py; docs/tpu.md).
+  c.mesh = dict(data=-1, fsdp=1, tensor=1, auto=False)
   # Several processes (hosts): 'auto' starts jax.distributed on TPU pods, SLURM job steps or with
   # JAX_COORDINATOR_ADDRESS set; 'explicit' uses the three keys below (launch/multiprocess.py); 'off'.
   c.distributed = dict(mode="auto", coordinator_address="", num_processes=1, process_id=0,
@@ -44,7 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
                  n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=192, head_dim=0,
                  tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, dropout=0.0,
-                 dtype="float32", param_dtype="float32", remat=False)
+                 dtype="float32", param_dtype="float32", remat=False, scan_layers=True,
+                 attention="reference", attention_chunk=512)
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
   c.sft = dict(batch_size=32, steps=800, lr=6e-3, warmup_steps=30, schedule="cosine",
@@ -97,10 +100,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # no_eos_score for a response that never ends (penalize_no_eos). adaptive_kl: Ziegler's
   # controller towards kl_target nats over kl_horizon episodes. GAE with gamma, lam; advantages
   # whitened over the 'batch' (AlpacaFarm) or per 'minibatch'. Learning rate linear to 0.
+  # frozen_dtype: the reference and reward models' dtype ('' keeps model.param_dtype; 'bfloat16'
+  # halves their memory: they are never trained, so they need no float32 master copy).
   c.ppo = dict(steps=60, rollout_batch=64, minibatch_size=16, epochs=2, temperature=1.0,
                kl_coef=0.05, adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0,
                gamma=1.0, lam=0.95, whiten="batch", cliprange=0.2, cliprange_value=0.2,
-               vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
+               vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0, frozen_dtype="",
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
                log_every=1, eval_every=10, eval_examples=256)
@@ -139,6 +144,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
                lr=1e-4, warmup_steps=10, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-8, weight_decay=0.0, grad_clip=1.0, log_every=10)
+
+  # task=compile: lower and compile every step of `steps` for each TPU slice of `topology`
+  # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip
+  # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
+  # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
+  c.compile = dict(topology="", steps="sft,rm,dpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
+                   headroom=0.05, auto_candidates=3)
 
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)

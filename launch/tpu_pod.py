@@ -11,15 +11,24 @@ visible to every worker — with `--bucket` each worker mounts it with gcsfuse a
 the workdir defaults to /mnt/<bucket>/<name>. Spot/preemptible slices (`--spot`) are SIGTERMed
 before they go: the run checkpoints and exits 75; `run` again on a new slice to resume.
 `--dry_run` prints the gcloud commands instead of running them.
+
+Before it creates or runs anything, the job is compiled for the requested slice on this machine
+(`task=compile` with libtpu, no TPU: `pip install -e '.[tpu]'`): a job whose steps do not fit the
+chips' memory, or do not compile for that slice, is refused with the numbers, dry run or not.
+With `--config.mesh.auto=True` the mesh the check picked is passed on to the job.
+`--fit_steps` narrows the check to the steps the job runs (default: all of them);
+`--no_fit_check` skips it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import json
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import cli  # launch/cli.py, beside this script.
 
@@ -123,12 +132,44 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
   parser.add_argument("--logs", default="logs", help="local directory for fetched logs")
   parser.add_argument("--keep", action="store_true", help="with 'all': do not delete at the end")
   parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+  parser.add_argument("--fit_steps", default="",
+                      help="steps the fit check compiles, e.g. sft,rm (default: all)")
+  parser.add_argument("--no_fit_check", action="store_true",
+                      help="do not compile the job for the slice before creating or running it")
   return cli.parse(parser, argv, needs_main=lambda ns: ns.step in ("run", "all"))
+
+
+def fit_check(ns, args: list[str]) -> list[str]:
+  """Compiles the job for the slice of `ns.accelerator` here; exits with the reason when it does not
+  fit, else returns the arguments that pin the mesh `mesh.auto` chose (none without auto)."""
+  from rlhfjax.parallel import tpu  # pylint: disable=g-import-not-at-top
+  topology = tpu.topology_for(ns.accelerator)
+  with tempfile.TemporaryDirectory() as workdir:
+    cmd = [sys.executable, "-m", "rlhfjax.main", *args, "--config.task=compile",
+           f"--config.compile.topology={topology}", f"--workdir={workdir}"]
+    if ns.fit_steps:
+      cmd.append(f"--config.compile.steps={ns.fit_steps}")
+    print(f"checking the job on {ns.accelerator} ({topology}): {shlex.join(cmd)}", flush=True)
+    if subprocess.call(cmd, cwd=ROOT):
+      raise SystemExit(f"refused: the job does not compile for {ns.accelerator} (see above)")
+    with open(f"{workdir}/compile/{topology.replace(':', '_')}.json", encoding="utf-8") as f:
+      report = json.load(f)
+  if not report["fits"]:
+    over = [f"{r['step']} needs {r['per_chip'] / 2**30:.1f} GiB per chip of "
+            f"{r['hbm'] / 2**30:.1f} GiB" for r in report["rows"].values() if not r["fits"]]
+    raise SystemExit(f"refused: the job does not fit {ns.accelerator} with mesh "
+                     f"{report['mesh']}: {'; '.join(over)}. Use a larger slice, "
+                     "--config.mesh.auto=True, model.remat, or smaller batches.")
+  if not report["candidates"]:
+    return []
+  return [f"--config.mesh.{a}={n}" for a, n in report["mesh"].items()] + ["--config.mesh.auto=False"]
 
 
 def main(argv: list[str] | None = None) -> int:
   ns, args = parse(argv)
   steps = STEPS if ns.step == "all" else (ns.step,)
+  if args and not ns.no_fit_check and {"create", "run"} & set(steps):
+    args = args + fit_check(ns, args)
   status = 0
   for step in steps:
     if step == "delete" and ns.step == "all" and ns.keep:

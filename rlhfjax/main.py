@@ -20,6 +20,7 @@ import jax
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
+from rlhfjax import compile as compile_task
 from rlhfjax import export
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
@@ -50,6 +51,7 @@ TASKS: dict[str, Callable] = {
     "quark": quark.run,
     "eval": leaderboard.run,
     "memory": memory.run,
+    "compile": compile_task.run,
     "export": export.run,
 }
 

@@ -96,7 +96,7 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[d
 
   # PPO: policy, value (from the reward model), frozen reference and reward model.
   exp = types.SimpleNamespace(config=types.SimpleNamespace(ppo=PPO))
-  tx_ppo = ppo._tx(PPO)  # pylint: disable=protected-access
+  tx_ppo = ppo.adamw(PPO)
   state, sh = par.train_state(functools.partial(ppo.init_state, exp), ppo.param_axes(CFG), tx_ppo,
                               ref, rm)
   step = par.jit(functools.partial(ppo.train_step, cfg=CFG, c=PPO, tx=tx_ppo, eos_id=EOS),

@@ -248,30 +248,37 @@ def llama_hf(rng: np.random.Generator):
 def llama_reference(t: dict, config: dict, ids) -> np.ndarray:
   """LLaMA (Touvron et al. 2023) in float64 from the HF tensors: RMSNorm, RoPE in HF's rotate-half
   form (frequencies theta^(-2i/Dh), cos/sin repeated over both halves), kv head j // groups for
-  query head j, SwiGLU."""
+  query head j, SwiGLU; q/k/v biases added before RoPE where the tensors have them (Qwen2), logits
+  through `lm_head` or the tied embedding."""
   g = lambda n: t[n].astype(np.float64)
-  n, dh, kv = len(ids), config["head_dim"], config["num_key_value_heads"]
+  h_count, kv = config["num_attention_heads"], config["num_key_value_heads"]
+  n, dh = len(ids), config.get("head_dim", config["hidden_size"] // h_count)
 
   def rms(x, name):
     return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + config["rms_norm_eps"]) * g(name)
+
+  def proj(x, p, name):
+    b = t.get(f"{p}self_attn.{name}_proj.bias")
+    return x @ g(f"{p}self_attn.{name}_proj.weight").T + (0 if b is None else b.astype(np.float64))
 
   angle = np.arange(n)[:, None] * config["rope_theta"] ** (-np.arange(0, dh, 2) / dh)
   cos, sin = np.cos(np.concatenate([angle] * 2, -1)), np.sin(np.concatenate([angle] * 2, -1))
   rope = lambda x: x * cos + np.concatenate([-x[..., dh // 2:], x[..., :dh // 2]], -1) * sin
   heads = lambda x, k: x.reshape(n, k, dh).transpose(1, 0, 2)
   x = g("model.embed_tokens.weight")[ids]
-  for i in range(L):
+  for i in range(config["num_hidden_layers"]):
     p = f"model.layers.{i}."
     h = rms(x, p + "input_layernorm.weight")
-    q = rope(heads(h @ g(p + "self_attn.q_proj.weight").T, H))
-    k = rope(heads(h @ g(p + "self_attn.k_proj.weight").T, kv)).repeat(H // kv, 0)
-    v = heads(h @ g(p + "self_attn.v_proj.weight").T, kv).repeat(H // kv, 0)
+    q = rope(heads(proj(h, p, "q"), h_count))
+    k = rope(heads(proj(h, p, "k"), kv)).repeat(h_count // kv, 0)
+    v = heads(proj(h, p, "v"), kv).repeat(h_count // kv, 0)
     x = x + attention(q, k, v) @ g(p + "self_attn.o_proj.weight").T
     h = rms(x, p + "post_attention_layernorm.weight")
     gate = h @ g(p + "mlp.gate_proj.weight").T
     x = x + (gate / (1 + np.exp(-gate)) * (h @ g(p + "mlp.up_proj.weight").T)) @ \
         g(p + "mlp.down_proj.weight").T
-  return rms(x, "model.norm.weight") @ g("lm_head.weight").T
+  head = "lm_head.weight" if "lm_head.weight" in t else "model.embed_tokens.weight"
+  return rms(x, "model.norm.weight") @ g(head).T
 
 
 def test_sharded_llama_logits_match_a_numpy_llama_from_the_hf_tensors(tmp_path):
@@ -369,10 +376,10 @@ def test_tied_duplicate_head_must_equal_the_embedding(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "qwen2"}, r"config\.json: model_type 'qwen2' is not supported"),
+    ({"model_type": "gemma"}, r"config\.json: model_type 'gemma' is not supported"),
     ({"architectures": ["LlamaForTokenClassification"]}, r"config\.json: architectures"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
-     r"config\.json: rope_scaling of type 'llama3' is not supported"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}},
+     r"config\.json: rope_scaling of type 'linear' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
      r"config\.json: rope_parameters of type 'yarn'"),
     ({"hidden_act": "gelu"}, r"config\.json: hidden_act='gelu' is not supported"),

@@ -47,7 +47,8 @@ def test_local_launcher_gives_each_process_its_id_and_one_coordinator(capsys):
 def test_tpu_pod_all_steps(capsys):
   tpu = _load("tpu_pod")
   assert tpu.main(["all", "--name", "rl", "--zone", "us-central2-b", "--accelerator", "v4-32",
-                   "--bucket", "bk", "--workers", "4", "--spot", "--dry_run", "--", *MAIN_ARGS]) == 0
+                   "--bucket", "bk", "--workers", "4", "--spot", "--dry_run", "--no_fit_check", "--",
+                   *MAIN_ARGS]) == 0
   lines = _lines(capsys)
   create, archive, ship, install, run, *logs, delete = lines
   assert create[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "create", "rl"]
@@ -65,6 +66,25 @@ def test_tpu_pod_all_steps(capsys):
   assert delete[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "delete", "rl"]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs '.[tpu]'")
+def test_tpu_pod_refuses_a_job_that_does_not_fit_before_creating_anything(capsys):
+  tpu = _load("tpu_pod")
+  with pytest.raises(SystemExit, match=r"refused: the job does not fit v5litepod-1 .*sft needs"):
+    tpu.main(["all", "--name", "big", "--zone", "z", "--accelerator", "v5litepod-1", "--bucket",
+              "bk", "--dry_run", "--fit_steps", "sft", "--", "--config", "configs/llama3_8b_tldr.py"])
+  assert "gcloud" not in capsys.readouterr().out  # Nothing was (or would have been) created.
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs '.[tpu]'")
+def test_tpu_pod_passes_the_mesh_auto_chose_to_the_job(capsys):
+  tpu = _load("tpu_pod")
+  assert tpu.main(["run", "--name", "ok", "--zone", "z", "--accelerator", "v5litepod-4",
+                   "--bucket", "bk", "--dry_run", "--fit_steps", "sft", "--", "--config",
+                   "configs/tldr_sim.py:tiny", "--config.mesh.auto=True"]) == 0
+  run = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gcloud")][-1]
+  assert "--config.mesh.auto=False" in run and "--config.mesh.fsdp=" in run
+
+
 def test_tpu_pod_queued_resources_and_generation_runtimes(capsys):
   tpu = _load("tpu_pod")
   tpu.main(["create", "--name", "q", "--zone", "z", "--accelerator", "v5litepod-16", "--queued",
@@ -76,7 +96,7 @@ def test_tpu_pod_queued_resources_and_generation_runtimes(capsys):
   assert describe[4] == "describe"
   assert delete[3:5] == ["queued-resources", "delete"] and "--force" in delete
   with pytest.raises(SystemExit, match="--bucket"):
-    tpu.main(["run", "--name", "q", "--zone", "z", "--dry_run", "--", *MAIN_ARGS])
+    tpu.main(["run", "--name", "q", "--zone", "z", "--dry_run", "--no_fit_check", "--", *MAIN_ARGS])
 
 
 def test_slurm_script_runs_one_process_per_node_and_requeues_on_preemption(capsys):

@@ -157,7 +157,7 @@ def test_short_ppo_run_raises_the_reward_with_bounded_kl():
   policy, reward = _models()
   prompts, rlen = _rollout_inputs(n=32)
   c = _ppo_config(kl_coef=0.05, lr=3e-3, steps=25, no_eos_score=-5.0)
-  tx = ppo._tx(c)
+  tx = ppo.adamw(c)
   params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
   state = ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                        kl_coef=jnp.asarray(c.kl_coef))

@@ -172,11 +172,19 @@ def test_logits_match_transformers_on_the_same_gguf_file(smollm2, tmp_path):
     np.testing.assert_array_equal(value, state[key].numpy(), err_msg=key)
 
 
-def test_init_from_refuses_architecture_keys_and_unknown_names(tmp_path):
+def test_init_from_refuses_architecture_changes_and_unknown_names(tmp_path):
   from rlhfjax.errors import ConfigError
-  from rlhfjax.models import pretrained
-  with pytest.raises(ConfigError, match="model.d_model"):
+  from rlhfjax.models import hf_checkpoint, pretrained, transformer
+  from rlhfjax.models.config import ModelConfig
+  cfg = ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=1, n_heads=2,
+                    n_kv_heads=1, d_ff=48, tie_embeddings=False)
+  hf_checkpoint.save(transformer.init(jax.random.key(0), cfg), cfg, str(tmp_path))
+  with pytest.raises(ConfigError, match="model.d_model=64 differs from the file's 32"):
     pretrained.model_config(str(tmp_path), {"init_from": "x", "d_model": 64, "dtype": "float32"})
+  # A config that restates the architecture (configs/tldr_scale.py) loads it.
+  same = pretrained.model_config(str(tmp_path), {"init_from": "x", "d_model": 32, "n_layers": 1,
+                                                 "dtype": "bfloat16", "attention": "chunked"})
+  assert same == cfg.replace(dtype="bfloat16", attention="chunked")
   with pytest.raises(ConfigError, match="model.init_from"):
     pretrained.resolve(str(tmp_path / "missing.gguf"))
 

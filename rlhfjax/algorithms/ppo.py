@@ -216,6 +216,15 @@ def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pip
   return state, {**stats, **update_stats}
 
 
+def frozen(params: Any, dtype: str) -> Any:
+  """A frozen model's parameters (reference, reward) in `dtype` ('' keeps theirs). Cast after
+  `init_state` copied the policy and value model from them: those train in their own precision."""
+  if not dtype:
+    return params
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      params)
+
+
 def check_config(c: Any) -> None:
   """Clear errors for PPO settings that cannot work."""
   if c.whiten not in WHITEN + ("none",):
@@ -227,7 +236,8 @@ def check_config(c: Any) -> None:
     raise ConfigError(f"ppo.temperature must be > 0 (PPO samples), got {c.temperature}")
 
 
-def _tx(c: Any) -> optax.GradientTransformation:
+def adamw(c: Any) -> optax.GradientTransformation:
+  """PPO's optimizer: AdamW over every minibatch update of every epoch of every iteration."""
   return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size))
 
 
@@ -238,7 +248,7 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> 
   value = {"backbone": rm_params["backbone"], "head": rm_params["head"]}
   # Copies: the trained trees must not alias the frozen reference and reward trees.
   params = jax.tree.map(jnp.copy, {"policy": sft_params, "value": value})
-  tx = _tx(c)
+  tx = adamw(c)
   return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
 
@@ -258,9 +268,12 @@ def train(exp: experiment.Experiment) -> PPOState:
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch("ppo.rollout_batch", c.rollout_batch)
-  tx = _tx(c)
+  tx = adamw(c)
   state, shardings = par.train_state(functools.partial(init_state, exp), param_axes(exp.model), tx,
                                      ref_params, reward_params)
+  # The trained copies are made; the frozen models may now drop to their own dtype.
+  ref_params = frozen(ref_params, c.frozen_dtype)
+  reward_params = frozen(reward_params, c.frozen_dtype)
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
                     (shardings, shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
@@ -339,7 +352,7 @@ def _state_template(exp: experiment.Experiment) -> PPOState:
   """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
   return exp.parallel.train_state(functools.partial(init_state, exp), param_axes(exp.model),
-                                  _tx(exp.config.ppo), policy_shape,
+                                  adamw(exp.config.ppo), policy_shape,
                                   reward_model.model_template(exp), abstract=True)[0]
 
 

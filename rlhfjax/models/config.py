@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from rlhfjax.errors import ConfigError
 
 VARIANTS = ("gpt2", "llama")
+ATTENTION = ("reference", "chunked", "splash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,7 +16,8 @@ class ModelConfig:
   """Architecture of a decoder-only transformer.
 
   `variant="gpt2"`: learned positions, LayerNorm, GELU MLP, biases, tied embeddings.
-  `variant="llama"`: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases.
+  `variant="llama"`: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases (but q, k, v
+  biases with `qkv_bias`, as in Qwen2).
   """
 
   variant: str = "gpt2"
@@ -30,10 +32,23 @@ class ModelConfig:
   tie_embeddings: bool = True
   norm_eps: float = 1e-5
   rope_theta: float = 10000.0
+  qkv_bias: bool = False  # llama only: biases on the q, k, v projections (Qwen2).
+  # Llama 3.1's RoPE scaling ("rope_type": "llama3"); factor 1 means none. Wavelengths above
+  # original_max_len / low_freq_factor are stretched by the factor, those below
+  # original_max_len / high_freq_factor kept, those between interpolated.
+  rope_scaling_factor: float = 1.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
   dropout: float = 0.0
   dtype: str = "float32"  # Activations.
-  param_dtype: str = "float32"
+  param_dtype: str = "float32"  # float32 master weights (and AdamW moments) under bf16 `dtype`.
+  # Run the layers as one `lax.scan` (compile time independent of depth) or unrolled (XLA's cost
+  # analysis then counts every layer; rlhfjax/compile.py uses it to count a step's work).
+  scan_layers: bool = True
   remat: bool = False
+  attention: str = "reference"  # Attention kernel: one of ATTENTION (see models/attention.py).
+  attention_chunk: int = 512  # Queries per block of attention="chunked".
 
   def __post_init__(self):
     if self.variant not in VARIANTS:
@@ -44,6 +59,18 @@ class ModelConfig:
     if not self.head_dim and self.d_model % self.n_heads:
       raise ConfigError(
           f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+    if self.attention not in ATTENTION:
+      raise ConfigError(f"model.attention must be one of {ATTENTION}, got {self.attention!r}")
+    if self.attention != "reference" and self.dropout > 0:
+      raise ConfigError(f"model.attention={self.attention!r} has no attention dropout: use "
+                        f"model.attention='reference' with model.dropout={self.dropout}")
+    if self.attention_chunk < 1:
+      raise ConfigError(f"model.attention_chunk must be positive, got {self.attention_chunk}")
+    if self.qkv_bias and self.variant != "llama":
+      raise ConfigError("model.qkv_bias is for the llama variant (gpt2 always has its biases)")
+    if self.rope_scaling_factor != 1 and not self.rope_low_freq_factor < self.rope_high_freq_factor:
+      raise ConfigError(f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) must be below "
+                        f"model.rope_high_freq_factor ({self.rope_high_freq_factor})")
 
   @property
   def dim_per_head(self) -> int:

@@ -2,13 +2,16 @@
 
 `load(directory)` reads `model.safetensors`, or the shards that `model.safetensors.index.json`
 lists, with the architecture taken from `config.json` alone; `save(params, cfg, directory)` writes
-both files so that transformers loads them as `LlamaForCausalLM` or `GPT2LMHeadModel`. Supported:
+both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausalLM` or
+`GPT2LMHeadModel`. Supported:
 
-- LLaMA family (`model_type` llama, or mistral without a sliding window): `model.embed_tokens`,
-  `model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, input_layernorm,
-  post_attention_layernorm}`, `model.norm`, `lm_head` unless tied. Linear weights are PyTorch's
-  [out, in]. HF's LLaMA applies RoPE in the rotate-half form, as `transformer._rope` does, so q and
-  k load unpermuted (only GGUF files need `import_gguf.unpermute`).
+- LLaMA family (`model_type` llama, mistral without a sliding window, or qwen2 without one):
+  `model.embed_tokens`, `model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+  input_layernorm, post_attention_layernorm}`, `model.norm`, `lm_head` unless tied. Linear weights
+  are PyTorch's [out, in]. HF's LLaMA applies RoPE in the rotate-half form, as `transformer._rope`
+  does, so q and k load unpermuted (only GGUF files need `import_gguf.unpermute`). Qwen2 is LLaMA
+  with `self_attn.{q,k,v}_proj.bias` (ModelConfig.qkv_bias; a model with it exports as qwen2).
+  RoPE is plain or Llama 3.1's scaling (`rope_type` llama3); other scalings are refused.
 - GPT-2 (`GPT2LMHeadModel`, names with or without the `transformer.` prefix): `wte`, `wpe`,
   `h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}`, `ln_f`. These are Conv1D
   layers, whose weights are [in, out]; `c_attn` holds q, k and v side by side. rlhfjax's GPT-2 MLP
@@ -42,10 +45,17 @@ CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
-LLAMA_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+LLAMA_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+               "qwen2": "Qwen2ForCausalLM"}
 GPT2_CLASS = "GPT2LMHeadModel"
 # Reward models (`save(..., reward_pad_id=...)`): the decoder plus a one-label `score` layer.
-REWARD_CLASSES = {"llama": "LlamaForSequenceClassification", "gpt2": "GPT2ForSequenceClassification"}
+REWARD_CLASSES = {"llama": "LlamaForSequenceClassification",
+                  "qwen2": "Qwen2ForSequenceClassification",
+                  "gpt2": "GPT2ForSequenceClassification"}
+# The keys of a `rope_type: llama3` scaling block, and the ModelConfig field each sets.
+LLAMA3_ROPE = {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",
+               "high_freq_factor": "rope_high_freq_factor",
+               "original_max_position_embeddings": "rope_original_max_len"}
 # transformers' activations computing 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
 # Buffers some checkpoints carry that are not parameters: GPT-2's causal mask, old LLaMA inv_freq.
@@ -76,16 +86,26 @@ def _key(config: dict[str, Any], path: str, key: str, default: Any = ...) -> Any
   return default
 
 
-def _rope_theta(config: dict[str, Any], path: str) -> float:
-  """RoPE base; any rope scaling (linear, dynamic, yarn, llama3, ...) is refused."""
-  theta = float(_key(config, path, "rope_theta", 10000.0))
+def _rope_settings(config: dict[str, Any], path: str) -> dict[str, Any]:
+  """ModelConfig's RoPE fields: the base, and Llama 3.1's scaling (`rope_type` llama3) if set;
+  other scalings (linear, dynamic, yarn, ...) are refused."""
+  out = {"rope_theta": float(_key(config, path, "rope_theta", 10000.0))}
   for key in ("rope_scaling", "rope_parameters"):  # The latter: transformers 5's config layout.
     rope = config.get(key) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind != "default":
-      raise ConfigError(f"{path}: {key} of type {kind!r} is not supported (plain RoPE only)")
-    theta = float(rope.get("rope_theta", theta))
-  return theta
+    if kind == "llama3":
+      missing = [k for k in LLAMA3_ROPE if rope.get(k) is None]
+      if missing:
+        raise ConfigError(f"{path}: {key} of type 'llama3' lacks {', '.join(missing)}")
+      out.update(rope_scaling_factor=float(rope["factor"]),
+                 rope_low_freq_factor=float(rope["low_freq_factor"]),
+                 rope_high_freq_factor=float(rope["high_freq_factor"]),
+                 rope_original_max_len=int(rope["original_max_position_embeddings"]))
+    elif kind != "default":
+      raise ConfigError(f"{path}: {key} of type {kind!r} is not supported "
+                        "(plain RoPE or llama3 only)")
+    out["rope_theta"] = float(rope.get("rope_theta", out["rope_theta"]))
+  return out
 
 
 def model_config(directory: str, dtype: str = "float32") -> ModelConfig:
@@ -99,7 +119,8 @@ def config_from_json(config: dict[str, Any], path: str = CONFIG,
   """The ModelConfig a parsed `config.json` describes (`path` names it in errors)."""
   model_type = config.get("model_type")
   if model_type in LLAMA_TYPES:
-    allowed, variant = (*LLAMA_TYPES.values(), REWARD_CLASSES["llama"]), "llama"
+    allowed = (*LLAMA_TYPES.values(), REWARD_CLASSES["llama"], REWARD_CLASSES["qwen2"])
+    variant = "llama"
   elif model_type == "gpt2":
     allowed, variant = (GPT2_CLASS, REWARD_CLASSES["gpt2"]), "gpt2"
   else:
@@ -114,12 +135,17 @@ def config_from_json(config: dict[str, Any], path: str = CONFIG,
 
 
 def _llama_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
+  """LLaMA, Mistral or Qwen2 (whose q, k and v projections always have biases, o and the MLP
+  none, and whose `sliding_window` applies only with `use_sliding_window`)."""
   get = lambda key, default=...: _key(config, path, key, default)
-  for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+  qwen2 = config["model_type"] == "qwen2"
+  fixed = {"hidden_act": "silu", **({"use_sliding_window": False} if qwen2 else
+                                    {"attention_bias": False, "mlp_bias": False})}
+  for key, want in fixed.items():
     if get(key, want) != want:
       raise ConfigError(f"{path}: {key}={config[key]!r} is not supported ({want!r} only)")
   max_len = int(get("max_position_embeddings"))
-  window = config.get("sliding_window")
+  window = None if qwen2 else config.get("sliding_window")
   if window is not None and int(window) < max_len:
     raise ConfigError(f"{path}: sliding_window={window} is not supported (full attention only)")
   d, h = int(get("hidden_size")), int(get("num_attention_heads"))
@@ -129,7 +155,7 @@ def _llama_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
       n_kv_heads=int(get("num_key_value_heads", h)),
       d_ff=int(get("intermediate_size")), max_len=max_len, head_dim=int(get("head_dim", 0)),
       tie_embeddings=bool(get("tie_word_embeddings", False)),  # LlamaConfig's default.
-      norm_eps=float(get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(config, path),
+      norm_eps=float(get("rms_norm_eps", 1e-6)), qkv_bias=qwen2, **_rope_settings(config, path),
       dtype=dtype, param_dtype=dtype)
 
 
@@ -150,16 +176,30 @@ def _gpt2_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
       norm_eps=float(get("layer_norm_epsilon", 1e-5)), dtype=dtype, param_dtype=dtype)
 
 
+def _model_type(cfg: ModelConfig) -> str:
+  """The HF `model_type` `cfg` exports as: HF's LLaMA has no q/k/v-only biases, Qwen2 does."""
+  if cfg.variant == "llama":
+    return "qwen2" if cfg.qkv_bias else "llama"
+  return "gpt2"
+
+
 def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
   """The `config.json` of `cfg` (inverse of `config_from_json`)."""
+  model_type = _model_type(cfg)
   if cfg.variant == "llama":
-    out = {"architectures": [LLAMA_TYPES["llama"]], "model_type": "llama",
+    scaling = None if cfg.rope_scaling_factor == 1 else {
+        "rope_type": "llama3", **{k: getattr(cfg, field) for k, field in LLAMA3_ROPE.items()}}
+    out = {"architectures": [LLAMA_TYPES[model_type]], "model_type": model_type,
            "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
            "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff,
            "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
-           "rope_theta": cfg.rope_theta, "rope_scaling": None, "hidden_act": "silu",
-           "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0}
+           "rope_theta": cfg.rope_theta, "rope_scaling": scaling, "hidden_act": "silu",
+           "attention_dropout": 0.0}
+    if model_type == "qwen2":
+      out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
+    else:
+      out.update(attention_bias=False, mlp_bias=False)
     if cfg.head_dim:
       out["head_dim"] = cfg.head_dim
   else:
@@ -176,27 +216,34 @@ def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
 
 def _llama_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tensors:
   d, h, kv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head, cfg.d_ff
-  return {"attn_norm/scale": t("input_layernorm.weight", (d,)),
-          "attn/q": t("self_attn.q_proj.weight", (h * dh, d)).T.reshape(d, h, dh),
-          "attn/k": t("self_attn.k_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
-          "attn/v": t("self_attn.v_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
-          "attn/o": t("self_attn.o_proj.weight", (d, h * dh)).T.reshape(h, dh, d),
-          "mlp_norm/scale": t("post_attention_layernorm.weight", (d,)),
-          "mlp/wg": t("mlp.gate_proj.weight", (f, d)).T,
-          "mlp/wi": t("mlp.up_proj.weight", (f, d)).T,
-          "mlp/wo": t("mlp.down_proj.weight", (d, f)).T}
+  out = {"attn_norm/scale": t("input_layernorm.weight", (d,)),
+         "attn/q": t("self_attn.q_proj.weight", (h * dh, d)).T.reshape(d, h, dh),
+         "attn/k": t("self_attn.k_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
+         "attn/v": t("self_attn.v_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
+         "attn/o": t("self_attn.o_proj.weight", (d, h * dh)).T.reshape(h, dh, d),
+         "mlp_norm/scale": t("post_attention_layernorm.weight", (d,)),
+         "mlp/wg": t("mlp.gate_proj.weight", (f, d)).T,
+         "mlp/wi": t("mlp.up_proj.weight", (f, d)).T,
+         "mlp/wo": t("mlp.down_proj.weight", (d, f)).T}
+  if cfg.qkv_bias:
+    for name, heads in (("q", h), ("k", kv), ("v", kv)):
+      out[f"attn/{name}_bias"] = t(f"self_attn.{name}_proj.bias", (heads * dh,)).reshape(heads, dh)
+  return out
 
 
 def _llama_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
   d, h, kv, dh = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head
-  return {"input_layernorm.weight": p["attn_norm/scale"],
-          "self_attn.q_proj.weight": p["attn/q"].reshape(d, h * dh).T,
-          "self_attn.k_proj.weight": p["attn/k"].reshape(d, kv * dh).T,
-          "self_attn.v_proj.weight": p["attn/v"].reshape(d, kv * dh).T,
-          "self_attn.o_proj.weight": p["attn/o"].reshape(h * dh, d).T,
-          "post_attention_layernorm.weight": p["mlp_norm/scale"],
-          "mlp.gate_proj.weight": p["mlp/wg"].T, "mlp.up_proj.weight": p["mlp/wi"].T,
-          "mlp.down_proj.weight": p["mlp/wo"].T}
+  out = {"input_layernorm.weight": p["attn_norm/scale"],
+         "self_attn.q_proj.weight": p["attn/q"].reshape(d, h * dh).T,
+         "self_attn.k_proj.weight": p["attn/k"].reshape(d, kv * dh).T,
+         "self_attn.v_proj.weight": p["attn/v"].reshape(d, kv * dh).T,
+         "self_attn.o_proj.weight": p["attn/o"].reshape(h * dh, d).T,
+         "post_attention_layernorm.weight": p["mlp_norm/scale"],
+         "mlp.gate_proj.weight": p["mlp/wg"].T, "mlp.up_proj.weight": p["mlp/wi"].T,
+         "mlp.down_proj.weight": p["mlp/wo"].T}
+  if cfg.qkv_bias:
+    out.update({f"self_attn.{n}_proj.bias": p[f"attn/{n}_bias"].reshape(-1) for n in "qkv"})
+  return out
 
 
 def _gpt2_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tensors:
@@ -353,8 +400,8 @@ def _reward_config(cfg: ModelConfig, torch_dtype: str, params: dict, pad_id: int
   with a likelihood term also keeps `reward_likelihood_weight` λ: add λ times the response's mean
   token log-probability under the language-model head (the tied embedding or `lm_head.weight`)."""
   out = _hf_config(cfg, torch_dtype)
-  out.update(architectures=[REWARD_CLASSES[cfg.variant]], num_labels=1, id2label={"0": "LABEL_0"},
-             label2id={"LABEL_0": 0}, pad_token_id=pad_id,
+  out.update(architectures=[REWARD_CLASSES[_model_type(cfg)]], num_labels=1,
+             id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, pad_token_id=pad_id,
              reward_bias=float(np.asarray(params["head"]["bias"])))
   if heads.LIKELIHOOD in params:
     out["reward_likelihood_weight"] = float(np.asarray(params[heads.LIKELIHOOD]["weight"]))

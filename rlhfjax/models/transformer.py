@@ -9,8 +9,9 @@ buffer, updated in place. `param_axes(cfg)` names every parameter dimension with
 to mesh axes.
 
 Variants: `gpt2` (learned positions, LayerNorm, GELU, biases) and `llama` (RoPE in the rotate-half
-form, RMSNorm, SwiGLU, grouped-query attention, no biases), the latter laid out like Hugging Face's
-LLaMA so real checkpoints load unchanged.
+form, optionally with Llama 3.1's frequency scaling, RMSNorm, SwiGLU, grouped-query attention, no
+biases but optional q/k/v biases as in Qwen2), the latter laid out like Hugging Face's LLaMA so real
+checkpoints load unchanged.
 
 Padding: `mask` marks real tokens. A query attends to keys at the same or an earlier array index that
 are real; positions count real tokens only, so a left-padded prompt starts at position 0.
@@ -24,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlhfjax.models import attention
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rules
 
@@ -32,7 +34,6 @@ Cache = dict[str, Any]  # {'k': [per-layer arrays], 'v': [...], 'mask': array}; 
 
 # The residual stream [B, T, D] is split by batch only (see rules.constrain).
 ACTIVATION_AXES = ("batch", "length", None)
-_NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
 
 
 def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
@@ -61,6 +62,10 @@ def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None
     })
   else:
     out["mlp/wg"] = ((d, f), ("embed", "mlp"))
+    if cfg.qkv_bias:
+      out.update({"attn/q_bias": ((h, dh), ("heads", "head_dim")),
+                  "attn/k_bias": ((kv, dh), ("kv_heads", "head_dim")),
+                  "attn/v_bias": ((kv, dh), ("kv_heads", "head_dim"))})
   return out
 
 
@@ -131,10 +136,24 @@ def _norm(x: jax.Array, p: Params, cfg: ModelConfig) -> jax.Array:
   return y.astype(x.dtype)
 
 
-def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+def rope_frequencies(cfg: ModelConfig) -> jax.Array:
+  """The rotary angular frequency of each dimension pair [Dh/2]: theta^(-2i/Dh), rescaled as
+  Llama 3.1 does when `cfg.rope_scaling_factor` is not 1 (slow pairs divided by the factor, fast
+  ones kept, a smooth blend between), so a long context reuses the angles seen in training."""
+  half = cfg.dim_per_head // 2
+  freq = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if cfg.rope_scaling_factor == 1:
+    return freq
+  low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+  wavelen = 2 * math.pi / freq
+  smooth = jnp.clip((cfg.rope_original_max_len / wavelen - low) / (high - low), 0.0, 1.0)
+  return (1 - smooth) * freq / cfg.rope_scaling_factor + smooth * freq
+
+
+def _rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
   """Rotary embedding, rotate-half form: dims i and i + Dh/2 form a pair. x: [B,T,H,Dh]."""
   half = x.shape[-1] // 2
-  freq = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  freq = rope_frequencies(cfg)
   angle = positions[..., None].astype(jnp.float32) * freq  # [B,T,half]
   cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
@@ -149,31 +168,25 @@ def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 
 
 def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
-  """Query, key and value projections [B,T,heads,Dh] (biases added, or RoPE applied)."""
+  """Query, key and value projections [B,T,heads,Dh]: biases added (gpt2, or llama with
+  `qkv_bias`), then RoPE applied (llama), the order of Hugging Face's Qwen2."""
   dt = x.dtype
   q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt))
   k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt))
   v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dt))
-  if cfg.variant == "gpt2":
+  if cfg.variant == "gpt2" or cfg.qkv_bias:
     q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
-  else:
-    q, k = _rope(q, positions, cfg.rope_theta), _rope(k, positions, cfg.rope_theta)
+  if cfg.variant == "llama":
+    q, k = _rope(q, positions, cfg), _rope(k, positions, cfg)
   return q, k, v
 
 
 def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
             cfg: ModelConfig, rng: jax.Array | None, heads_major: bool) -> jax.Array:
-  """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`),
-  then the output projection."""
+  """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`)
+  by the kernel `cfg.attention` names (see models/attention.py), then the output projection."""
   dt = q.dtype
-  b, t, h, dh = q.shape
-  groups = h // cfg.n_kv_heads
-  q = q.reshape(b, t, cfg.n_kv_heads, groups, dh)  # q head i uses kv head i // groups.
-  kv_spec = "bksd" if heads_major else "bskd"
-  scores = jnp.einsum(f"btkgd,{kv_spec}->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
-  scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
-  probs = _dropout(jax.nn.softmax(scores, -1), cfg.dropout, rng).astype(dt)
-  out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt)).reshape(b, t, h, dh)
+  out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, rng=rng)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt))
   if cfg.variant == "gpt2":
     out = out + p["o_bias"].astype(dt)
@@ -283,21 +296,23 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
   if cfg.remat:
     block = jax.checkpoint(block)
   layer_rngs = None if rngs is None else rngs[:-1]
-  if cache is None:
+  if cache is None and cfg.scan_layers:
     def layer(x, inputs):
       return block(x, *inputs, None)
 
     x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs))
     return _norm(x, params["final_norm"], cfg), None, kv
-
-  ks, vs = [], []
+  # A decode step, or unrolled layers (scan_layers=False): one layer after another.
+  kvs = []
   for i in range(cfg.n_layers):
     p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-    x, (k, v) = block(x, p, None if layer_rngs is None else layer_rngs[i],
-                      (cache["k"][i], cache["v"][i]))
-    ks.append(k)
-    vs.append(v)
-  return _norm(x, params["final_norm"], cfg), {"k": ks, "v": vs, "mask": key_mask}, None
+    kv = None if cache is None else (cache["k"][i], cache["v"][i])
+    x, kv = block(x, p, None if layer_rngs is None else layer_rngs[i], kv)
+    kvs.append(kv)
+  x = _norm(x, params["final_norm"], cfg)
+  if cache is None:
+    return x, None, jax.tree.map(lambda *a: jnp.stack(a), *kvs) if keep_kv else None
+  return x, {"k": [k for k, _ in kvs], "v": [v for _, v in kvs], "mask": key_mask}, None
 
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -1,13 +1,15 @@
 """Memory planning: bytes per device of a training step and of generation, for a model and a mesh.
 
 `plan(cfg, mesh, batch, seq_len)` counts exactly what the sharding rules put on one device —
-parameters, AdamW's two moments (float32) — and estimates what XLA adds for a step: the
-activations kept for the backward pass (per layer: the residual stream, q/k/v, attention output,
-the attention scores, probabilities and their gradient, the MLP's hidden units; with `model.remat`
-only each layer's input plus one layer's worth) and four float32 copies of the logits; and for
-sampling, the KV cache. Parameters and optimizer bytes are exact; activations are an estimate
-within a factor of about 1.5 of XLA's temporaries (measured on CPU). `xla_step_bytes` asks the
-compiler what it actually allocates, so the two can be compared (`task=memory` prints both).
+parameters, AdamW's two moments (in the parameters' dtype, as optax keeps them) — and estimates
+what XLA adds for a step: the activations kept for the backward pass (per layer: the residual
+stream, q/k/v, attention output, the attention scores, probabilities and their gradient for the
+queries the attention kernel takes at once, the MLP's hidden units; with `model.remat` only each
+layer's input plus one layer's worth) and three float32 copies of the logits where the step takes
+them; and for sampling, the KV cache. Parameters and optimizer bytes are exact; the whole is within
+15% of XLA's per-chip bytes for the published architectures on TPU slices (docs/tpu.md).
+`xla_step_bytes` asks the compiler what it actually allocates, so the two can be compared
+(`task=memory` prints both; `task=compile` beside every step).
 """
 
 from __future__ import annotations
@@ -53,9 +55,12 @@ def param_bytes(cfg: ModelConfig, mesh: Mesh, axes: Any = None, shapes: Any = No
   return {"count": int(count), "total": int(total), "per_device": int(per_device)}
 
 
-def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: int = 0) -> dict:
-  """Bytes per device for one training step on `batch` sequences of `seq_len` tokens, and the KV
-  cache for sampling `sample_batch` sequences of `seq_len` tokens (0: the training batch)."""
+def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: int = 0, *,
+         logit_tokens: int | None = None) -> dict:
+  """Bytes per device for one training step on `batch` sequences of `seq_len` tokens taking logits
+  at `logit_tokens` positions of each (default: all; SFT, DPO and PPO take them at the response
+  only), one forward pass of the same batch, and the KV cache for sampling `sample_batch`
+  sequences of `seq_len` tokens (0: the training batch)."""
   p = param_bytes(cfg, mesh)
   dp = math.prod(mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
   tp = mesh.shape["tensor"]
@@ -64,20 +69,24 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   d, f, h, kv, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head
   local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (rules.py).
   tokens = b_local * seq_len
+  # Attention's float32 scores and probabilities (and their gradient) for the queries computed at
+  # once: all of them (reference), a block (chunked), none outside the kernel's on-chip blocks.
+  queries = {"reference": seq_len, "chunked": min(cfg.attention_chunk, seq_len), "splash": 0}
+  scores = b_local * local(h) * queries[cfg.attention] * seq_len * (act + 8)
   per_layer = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
-                        + 3 * local(f)) * act + b_local * local(h) * seq_len ** 2 * (act + 8)
+                        + 3 * local(f)) * act + scores
   layers = cfg.n_layers * (tokens * d * act) + per_layer if cfg.remat else cfg.n_layers * per_layer
-  vocab_local = local(cfg.vocab_size)
-  # float32 logits, log-softmax, softmax and the logits' gradient.
-  logits = 4 * tokens * vocab_local * 4
+  # float32 logits, their log-softmax and its gradient (forward: the logits alone).
+  logits = b_local * (seq_len if logit_tokens is None else logit_tokens) * local(cfg.vocab_size) * 4
   sb = max((sample_batch or batch) // dp, 1)
   kv_cache = 2 * cfg.n_layers * sb * seq_len * local(kv) * dh * act
   out = {"devices": int(mesh.size), "mesh": dict(mesh.shape), "params_total": p["total"],
          "param_count": p["count"], "params": p["per_device"],
-         "optimizer": 2 * p["per_device"] * 4 // jnp.dtype(cfg.param_dtype).itemsize,
-         "gradients": p["per_device"], "activations": int(layers + logits),
-         "kv_cache": int(kv_cache)}
+         # optax keeps AdamW's two moments in the parameters' dtype.
+         "optimizer": 2 * p["per_device"], "gradients": p["per_device"],
+         "activations": int(layers + 3 * logits), "kv_cache": int(kv_cache)}
   out["train_step"] = out["params"] + out["optimizer"] + out["gradients"] + out["activations"]
+  out["forward_step"] = out["params"] + int(per_layer + logits)
   return out
 
 

@@ -60,7 +60,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
                                         tcfg.vocab_size, tcfg.model_type,
                                         tcfg.split_by_unicode_script)
-  if model.vocab_size != tok.vocab_size:
+  if model.vocab_size < tok.vocab_size:  # Larger is fine: rows no token uses (padded vocabularies).
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
   needed = config.format.prompt_len + config.format.response_len

@@ -1,0 +1,494 @@
+"""task=compile: every step of the pipeline compiled for real TPU slices on a host without a TPU.
+
+  python -m rlhfjax.main --config configs/llama3_8b_tldr.py --config.task=compile \\
+      --config.compile.topology=v5p:2x2x2
+
+For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/tpu.py) the config's
+model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
+pipeline runs — the SFT, reward-model, DPO and PPO update steps, the PPO rollout's prefill and one
+decode step with its KV cache, best-of-N scoring — is lowered with the same shardings as training
+and compiled by XLA for that TPU. One row per step:
+
+- per-chip bytes from XLA's `memory_analysis()`: arguments, temporaries, outputs (less what is
+  donated), plus what stays resident in HBM while the step runs without being its argument (during
+  rollout: the reference, reward and value models and the optimizer state), against the chip's HBM
+  less `compile.headroom`: fits or not;
+- the planner's estimate (`parallel/memory.py`) beside it;
+- model FLOPs counted analytically (`models/flops.py`; XLA's cost analysis sees one layer of the
+  scan), hardware FLOPs (plus rematerialisation), and a roofline time: the largest of FLOPs / peak,
+  HBM bytes / HBM bandwidth and ICI bytes / ICI bandwidth (estimates below), whence MFU
+  (model FLOPs / (chips x peak x time)) and tokens/s;
+- compile seconds.
+
+"ppo (whole step)" adds the rollout (prefill + response_len - 1 decode steps) to the update.
+With `mesh.auto` the (data, fsdp, tensor) shapes of the slice are ranked by the planner and the
+best `compile.auto_candidates` compiled; the fitting one with the shortest estimated time wins.
+Writes `<workdir>/compile/<topology>.json` and `.md`.
+
+HBM traffic (estimate): every argument read once, every output written once, every temporary
+written and read once, and the weights read once more for each further pass over them. ICI traffic
+(estimate, bytes each chip receives): with fsdp=f, each pass gathers (f-1)/f of the weights and the
+gradients are reduce-scattered; data parallel all-reduces the gradient shard; tensor parallel
+all-reduces two activations per layer and pass. The roofline assumes perfect overlap: real steps
+run slower (docs/tpu.md compares with MaxText's measured MFU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import os
+import re
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+
+from rlhfjax.algorithms import dpo
+from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import sft
+from rlhfjax.errors import ConfigError
+from rlhfjax.models import flops
+from rlhfjax.models import sampling
+from rlhfjax.models import transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import memory
+from rlhfjax.parallel import rules
+from rlhfjax.parallel import tpu
+from rlhfjax.parallel.mesh import AXES
+from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+# XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
+_OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
+_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+STEPS = ("sft", "rm", "dpo", "ppo_prefill", "ppo_decode", "ppo_update", "best_of_n_score")
+WHOLE_PPO = "ppo (whole step)"
+
+
+@dataclasses.dataclass
+class Step:
+  """One jitted step with abstract (sharded) arguments, and what it computes."""
+  name: str
+  fn: Callable  # Parallel.jit(...): has .lower(*args).
+  args: tuple
+  model_flops: float  # Analytic, the whole slice.
+  hardware_flops: float  # Plus rematerialisation.
+  tokens: int  # Tokens the step processes (new tokens for a decode step).
+  weight_passes: dict[str, tuple[int, bool]]  # Model -> (passes over its weights, trained).
+  plan_bytes: int  # The planner's per-chip estimate (memory.plan), less `resident`.
+  resident: int = 0  # Per-chip bytes held in HBM while it runs that are not its arguments.
+
+
+def model_config(config: Any) -> ModelConfig:
+  """The model of a config: its `model` block, or the architecture a pretrained `init_from` names
+  (only its shapes are needed here)."""
+  block = config.model.to_dict()
+  if block.get("init_from"):
+    from rlhfjax.models import pretrained  # pylint: disable=g-import-not-at-top
+    return pretrained.model_config(pretrained.resolve(block["init_from"]), block)
+  return ModelConfig.from_mapping({k: v for k, v in block.items() if k != "init_from"})
+
+
+def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Experiment:
+  """The parts of an Experiment the algorithms' state templates read (no data, no tokenizer)."""
+  return experiment.Experiment(config, "", {}, None, cfg, par)
+
+
+def _key(par: Parallel) -> jax.ShapeDtypeStruct:
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=par.replicated)
+
+
+def _tokens(par: Parallel, batch: int, names: dict[str, int]) -> dict[str, jax.ShapeDtypeStruct]:
+  """Abstract token batches `name: [batch, length]` with their masks, split over the data axes."""
+  out = {}
+  for name, length in names.items():
+    out[name] = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=par.batch)
+    out[f"{name}_mask"] = jax.ShapeDtypeStruct((batch, length), jnp.bool_, sharding=par.batch)
+  return out
+
+
+def _frozen(tree: Any, dtype: str) -> Any:
+  """Abstract frozen parameters in `dtype` ('' keeps theirs)."""
+  if not dtype:
+    return tree
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype), sharding=x.sharding)
+                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _per_chip(tree: Any) -> int:
+  """Bytes of an abstract sharded tree on one chip."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shard = x.sharding.shard_shape(x.shape)
+    total += math.prod(shard) * x.dtype.itemsize
+  return total
+
+
+def _remat(cfg: ModelConfig) -> float:
+  """Hardware FLOPs of a training pass per model FLOP: the backward recomputes the forward."""
+  return 4 / 3 if cfg.remat else 1.0
+
+
+def steps(config: Any, cfg: ModelConfig, par: Parallel,
+          names: Sequence[str] = STEPS) -> list[Step]:
+  """The pipeline's steps for `cfg` on `par`'s mesh, with abstract arguments."""
+  fmt = config.format
+  p_len, r_len = fmt.prompt_len, fmt.response_len
+  seq = p_len + r_len
+  exp = _experiment(config, cfg, par)
+  key = _key(par)
+  likelihood = bool(config.rm.likelihood_weight)
+  lm_rm = r_len if likelihood else 0  # The reward model takes logits only with its likelihood term.
+  frozen = config.ppo.frozen_dtype
+  rm_params = reward_model.model_template(exp)
+  out: list[Step] = []
+
+  def plan(batch: int, logit_tokens: int, tokens: int = seq) -> dict:
+    return memory.plan(cfg, par.mesh, batch, tokens, logit_tokens=logit_tokens)
+
+  if "sft" in names:
+    c = config.sft
+    par.check_batch("sft.batch_size", c.batch_size)
+    tx = optimizer.adamw(c, c.steps)
+    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
+                                transformer.param_axes(cfg), tx, jax.random.key(0), abstract=True)
+    fn = par.jit(functools.partial(sft.train_step, cfg=cfg, tx=tx),
+                 (sh, par.batch, par.replicated), (sh, par.replicated), (0,))
+    f = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
+    out.append(Step("sft", fn, (state, _tokens(par, c.batch_size, {"prompt": p_len,
+                                                                    "response": r_len}), key),
+                    f, f * _remat(cfg), c.batch_size * seq, {"policy": (3, True)},
+                    plan(c.batch_size, r_len)["train_step"]))
+  if "rm" in names:
+    c = config.rm
+    par.check_batch("rm.batch_size", c.batch_size)
+    tx = optimizer.adamw(c, 1000)
+    sh = par.state_shardings(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params),
+                             jax.tree.map(lambda x: x.sharding, rm_params), tx)
+    state = par.abstract(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params), sh)
+    fn = par.jit(functools.partial(reward_model.train_step, cfg=cfg, tx=tx), (sh, par.batch),
+                 (sh, par.replicated), (0,))
+    batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
+    f = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=lm_rm)
+    out.append(Step("rm", fn, (state, batch), f, f * _remat(cfg), 2 * c.batch_size * seq,
+                    {"reward": (3, True)}, plan(2 * c.batch_size, lm_rm)["train_step"]))
+  if "dpo" in names:
+    c = config.dpo
+    par.check_batch("dpo.batch_size", c.batch_size)
+    tx = optimizer.adamw(c, 1000)
+    policy_axes = transformer.param_axes(cfg)
+    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
+                                policy_axes, tx, jax.random.key(0), abstract=True)
+    fn = par.jit(functools.partial(dpo.train_step, cfg=cfg, c=c, tx=tx),
+                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+    batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
+    train = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
+    ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
+    out.append(Step("dpo", fn, (state, state.params, batch), train + ref,
+                    train * _remat(cfg) + ref, 2 * c.batch_size * seq,
+                    {"policy": (3, True), "reference": (1, False)},
+                    plan(2 * c.batch_size, r_len)["train_step"] + _per_chip(state.params)))
+
+  c = config.ppo
+  ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
+  if ppo_names:
+    ppo.check_config(c)
+    par.check_batch("ppo.rollout_batch", c.rollout_batch)
+    tx = ppo.adamw(c)
+    policy_abstract = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
+    state, sh = par.train_state(functools.partial(ppo.init_state, exp), ppo.param_axes(cfg), tx,
+                                policy_abstract, rm_params, abstract=True)
+    ref = _frozen(state.params["policy"], frozen)
+    reward = _frozen(rm_params, frozen)
+    b = c.rollout_batch
+    everything = _per_chip((state, ref, reward))
+  if "ppo_prefill" in ppo_names or "ppo_decode" in ppo_names:
+    cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
+    cache_sh = _cache_shardings(par, cache)
+    logits_sh = NamedSharding(par.mesh, rules.spec(("batch", "vocab"), (b, cfg.vocab_size),
+                                                   par.mesh))
+    policy_sh = sh.params["policy"]
+    resident = everything - _per_chip(state.params["policy"])
+  if "ppo_prefill" in ppo_names:
+    fn = par.jit(functools.partial(sampling.prefill, cfg=cfg, max_new_tokens=r_len),
+                 (policy_sh, par.batch, par.batch), (cache_sh, logits_sh))
+    prompts = _tokens(par, b, {"prompt": p_len})
+    f = flops.forward(cfg, b, p_len, logit_tokens=1)
+    # The prompt's keys and values of every layer, then the padded cache built from them.
+    planned = plan(b, 1, p_len)["forward_step"] + 2 * plan(b, 1)["kv_cache"]
+    out.append(Step("ppo_prefill", fn, (state.params["policy"], prompts["prompt"],
+                                        prompts["prompt_mask"]), f, f, b * p_len,
+                    {"policy": (1, False)}, planned, resident))
+  if "ppo_decode" in ppo_names:
+    scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=2, pad_id=0,
+                                   temperature=c.temperature)
+    rows = NamedSharding(par.mesh, rules.spec(("batch",), (b,), par.mesh))
+    fn = par.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len),
+                 (policy_sh, cache_sh, logits_sh, rows, par.replicated, par.replicated, rows),
+                 (cache_sh, logits_sh, rows, (rows, rows, rows)), (1,))
+    abstract = lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
+    args = (state.params["policy"], par.abstract(cache, cache_sh),
+            abstract((b, cfg.vocab_size), jnp.float32, logits_sh), abstract((b,), jnp.bool_, rows),
+            abstract((), jnp.int32, par.replicated), key, abstract((b,), jnp.int32, rows))
+    f = flops.forward(cfg, b, 1, keys=seq)
+    planned = plan(b, 1)
+    out.append(Step("ppo_decode", fn, args, f, f, b, {"policy": (1, False)},
+                    planned["params"] + planned["kv_cache"], resident))
+  if "ppo_update" in ppo_names:
+    fn = par.jit(functools.partial(ppo.train_step, cfg=cfg, c=c, tx=tx, eos_id=2),
+                 (sh, jax.tree.map(lambda x: x.sharding, ref),
+                  jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
+                 (sh, par.replicated), (0,))
+    batch = _tokens(par, b, {"prompt": p_len, "response": r_len})
+    # Experience: policy, reference, value and reward forward; then `epochs` passes of policy and
+    # value training over the whole rollout.
+    policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
+    value_fwd = flops.forward(cfg, b, seq, logit_tokens=0)
+    reward_fwd = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
+    train = c.epochs * 3 * (policy_fwd + value_fwd)
+    f = 2 * policy_fwd + value_fwd + reward_fwd + train
+    # Policy and value with their optimizer state, the frozen models, and the larger of the
+    # experience's forward passes over the rollout and a minibatch's training.
+    update, experience = plan(c.minibatch_size, r_len), plan(b, r_len)
+    planned = (2 * (update["train_step"] - update["activations"]) + _per_chip((ref, reward))
+               + max(update["activations"], experience["forward_step"] - experience["params"]))
+    out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f,
+                    f + (_remat(cfg) - 1) * train, b * seq * (1 + c.epochs),
+                    {"policy": (2 + 3 * c.epochs, True), "value": (1 + 3 * c.epochs, True),
+                     "reference": (1, False), "reward": (1, False)}, planned))
+  if "best_of_n_score" in names:
+    b = config.rm.eval_batch_size
+    par.check_batch("rm.eval_batch_size", b)
+    rm_sh = jax.tree.map(lambda x: x.sharding, rm_params)
+    fn = par.jit(functools.partial(reward_model.score, cfg=cfg), (rm_sh, par.batch), par.batch)
+    f = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
+    out.append(Step("best_of_n_score", fn,
+                    (rm_params, _tokens(par, b, {"prompt": p_len, "response": r_len})), f, f,
+                    b * seq, {"reward": (1, False)}, plan(b, lm_rm)["forward_step"]))
+  return out
+
+
+def _cache_shardings(par: Parallel, cache: Any) -> Any:
+  """KV cache: [B, kv_heads, length, Dh] per layer split by batch and kv heads; mask by batch."""
+  def one(x):
+    axes = ("batch", "kv_heads", "length", "head_dim") if x.ndim == 4 else ("batch", "length")
+    return NamedSharding(par.mesh, rules.spec(axes, x.shape, par.mesh))
+  return jax.tree.map(one, cache)
+
+
+def _weight_bytes(cfg: ModelConfig, mesh: Mesh) -> float:
+  """Bytes of one model's weights as a chip's matmuls read them (compute dtype; split by tensor)."""
+  n = memory.param_bytes(cfg, mesh)["count"]
+  return n * jnp.dtype(cfg.dtype).itemsize / mesh.shape["tensor"]
+
+
+def _ici_bytes(step: Step, cfg: ModelConfig, mesh: Mesh) -> float:
+  """Bytes each chip receives over ICI in one step (see the module docstring)."""
+  d, f, t = (mesh.shape[a] for a in AXES)
+  weights = _weight_bytes(cfg, mesh)
+  grads = memory.param_bytes(cfg, mesh)["total"] / t  # Parameter dtype.
+  total = 0.0
+  for passes, trained in step.weight_passes.values():
+    total += passes * weights * (f - 1) / f
+    if trained:
+      total += grads * (f - 1) / f + 2 * grads / f * (d - 1) / d
+  if t > 1:
+    rows = step.tokens / (d * f)  # Token positions per chip.
+    act = rows * cfg.d_model * jnp.dtype(cfg.dtype).itemsize
+    passes = sum(p for p, _ in step.weight_passes.values())
+    total += passes * cfg.n_layers * 2 * 2 * act * (t - 1) / t
+  return total
+
+
+def analyse(step: Step, cfg: ModelConfig, par: Parallel, chip: tpu.Chip, headroom: float) -> dict:
+  """Compiles `step` and returns its row: XLA's bytes, fit, FLOPs, roofline, MFU, tokens/s."""
+  t0 = time.perf_counter()
+  error = ""
+  try:
+    m = step.fn.lower(*step.args).compile().memory_analysis()
+    args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
+    outs, alias = int(m.output_size_in_bytes), int(m.alias_size_in_bytes)
+  except jax.errors.JaxRuntimeError as e:  # XLA refuses a program that exceeds the chip's HBM.
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    error = str(e).strip().splitlines()[0]
+    found = _OOM_TEMPS.search(error)
+    args, outs, alias = _per_chip(step.args), 0, 0
+    temps = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else 0
+  seconds = time.perf_counter() - t0
+  total = args + temps + outs - alias + step.resident
+  chips = par.mesh.size
+  weights = _weight_bytes(cfg, par.mesh)
+  extra_passes = sum(p for p, _ in step.weight_passes.values()) - len(step.weight_passes)
+  hbm = args + outs + 2 * temps + extra_passes * weights
+  ici = _ici_bytes(step, cfg, par.mesh)
+  times = {"compute_s": step.hardware_flops / chips / chip.peak_flops,
+           "hbm_s": hbm / chip.hbm_bandwidth, "ici_s": ici / chip.ici_bandwidth}
+  est = max(times.values())
+  usable = chip.hbm_bytes * (1 - headroom)
+  return {"step": step.name, "arguments": args, "temporaries": temps, "outputs": outs - alias,
+          "resident": step.resident, "per_chip": total, "plan": step.plan_bytes + step.resident,
+          "hbm": chip.hbm_bytes, "fits": not error and total <= usable, "headroom": usable - total,
+          "xla_error": error,
+          "model_flops": step.model_flops, "hardware_flops": step.hardware_flops,
+          "hbm_bytes": hbm, "ici_bytes": ici, **times, "time_s": est,
+          "bound": max(times, key=times.get)[:-2],
+          "mfu": step.model_flops / (chips * chip.peak_flops * est),
+          "tokens_per_s": step.tokens / est, "compile_s": seconds}
+
+
+def whole_ppo(rows: dict[str, dict], config: Any, chips: int, chip: tpu.Chip) -> dict | None:
+  """The PPO iteration: prefill, response_len - 1 decode steps and the update."""
+  if not all(k in rows for k in ("ppo_prefill", "ppo_decode", "ppo_update")):
+    return None
+  parts = {"ppo_prefill": 1, "ppo_decode": config.format.response_len - 1, "ppo_update": 1}
+  est = sum(n * rows[k]["time_s"] for k, n in parts.items())
+  model = sum(n * rows[k]["model_flops"] for k, n in parts.items())
+  seq = config.format.prompt_len + config.format.response_len
+  return {"step": WHOLE_PPO, "per_chip": max(rows[k]["per_chip"] for k in parts),
+          "plan": max(rows[k]["plan"] for k in parts), "hbm": chip.hbm_bytes,
+          "fits": all(rows[k]["fits"] for k in parts),
+          "headroom": min(rows[k]["headroom"] for k in parts), "model_flops": model,
+          "time_s": est, "mfu": model / (chips * chip.peak_flops * est),
+          "tokens_per_s": config.ppo.rollout_batch * seq / est,
+          "rollout_share": 1 - rows["ppo_update"]["time_s"] / est,
+          "compile_s": sum(rows[k]["compile_s"] for k in parts)}
+
+
+def topology_mesh(devices: Sequence[Any], shape: dict[str, int]) -> Mesh:
+  """A (data, fsdp, tensor) Mesh over a slice's devices, as `parallel.mesh.make_mesh` builds it."""
+  sizes = tuple(shape[a] for a in AXES)
+  return Mesh(np.array(devices[:math.prod(sizes)], dtype=object).reshape(sizes), AXES,
+              axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def mesh_candidates(config: Any, cfg: ModelConfig, chips: int) -> list[dict[str, int]]:
+  """The (data, fsdp, tensor) shapes of `chips` devices that every batch of the config divides
+  over (tensor at most 8: it stays inside a host)."""
+  batches = [config.sft.batch_size, config.rm.batch_size, config.dpo.batch_size,
+             config.ppo.rollout_batch, config.rm.eval_batch_size]
+  out = []
+  for t in (1, 2, 4, 8):
+    if chips % t or cfg.n_heads % t:
+      continue
+    for f in (2**i for i in range(int(math.log2(chips // t)) + 1)):
+      d = chips // (t * f)
+      if d * f * t == chips and all(b % (d * f) == 0 for b in batches):
+        out.append({"data": d, "fsdp": f, "tensor": t})
+  return out
+
+
+def _resolve_mesh(config: Any, cfg: ModelConfig, devices: Sequence[Any]) -> dict[str, int]:
+  from rlhfjax.parallel.mesh import mesh_shape  # pylint: disable=g-import-not-at-top
+  block = {a: config.mesh[a] for a in AXES}
+  return dict(zip(AXES, mesh_shape(block, len(devices))))
+
+
+def compile_topology(config: Any, cfg: ModelConfig, topology: str,
+                     names: Sequence[str] = STEPS) -> dict:
+  """Rows for every step on `topology` with the config's mesh (or, with `mesh.auto`, the best)."""
+  chip, _ = tpu.parse(topology)
+  devices = tpu.devices(topology)
+  headroom = float(config.compile.headroom)
+  candidates = []
+  if config.mesh.get("auto", False):
+    shapes = mesh_candidates(config, cfg, len(devices))
+    if not shapes:
+      raise ConfigError(f"mesh.auto: no (data, fsdp, tensor) shape of {len(devices)} chips "
+                        "divides every batch size of the config")
+    # Rank by the planner (nothing compiled), then compile the best few for real.
+    for shape in shapes:
+      par = Parallel(topology_mesh(devices, shape))
+      planned = max(s.plan_bytes + s.resident for s in steps(config, cfg, par, names))
+      candidates.append({"mesh": shape, "plan": planned})
+    candidates.sort(key=lambda c: (c["plan"] > chip.hbm_bytes * (1 - headroom),
+                                   -c["mesh"]["data"] * c["mesh"]["fsdp"], c["plan"]))
+    for cand in candidates[:int(config.compile.auto_candidates)]:
+      cand.update(_compile_all(config, cfg, cand["mesh"], devices, chip, headroom, names))
+    compiled = [c for c in candidates if "rows" in c]
+    fitting = [c for c in compiled if c["fits"]] or compiled
+    best = min(fitting, key=lambda c: (not c["fits"], c["time_s"]))
+  else:
+    best = _compile_all(config, cfg, _resolve_mesh(config, cfg, devices), devices, chip, headroom,
+                        names)
+  return {"topology": topology, "chip": dataclasses.asdict(chip), "chips": len(devices),
+          "model": dataclasses.asdict(cfg), "param_count": memory.param_bytes(
+              cfg, topology_mesh(devices, best["mesh"]))["count"],
+          "mesh": best["mesh"], "fits": best["fits"], "rows": best["rows"],
+          "candidates": candidates}
+
+
+def _compile_all(config: Any, cfg: ModelConfig, shape: dict[str, int], devices: Sequence[Any],
+                 chip: tpu.Chip, headroom: float, names: Sequence[str]) -> dict:
+  par = Parallel(topology_mesh(devices, shape))
+  rows = {s.name: analyse(s, cfg, par, chip, headroom) for s in steps(config, cfg, par, names)}
+  whole = whole_ppo(rows, config, par.mesh.size, chip)
+  if whole:
+    rows[WHOLE_PPO] = whole
+  timed = [r for k, r in rows.items() if k not in ("ppo_prefill", "ppo_decode", "ppo_update")]
+  return {"mesh": shape, "rows": rows, "fits": all(r["fits"] for r in rows.values()),
+          "time_s": sum(r["time_s"] for r in timed)}
+
+
+def format_report(report: dict) -> str:
+  """The Markdown table of one topology's rows."""
+  gib = lambda b: f"{b / 2**30:.2f}"
+  chip = report["chip"]
+  lines = [f"{report['topology']}: {report['chips']} x TPU {chip['name']} "
+           f"({chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {gib(chip['hbm_bytes'])} GiB HBM "
+           f"each), mesh {report['mesh']}, {report['param_count'] / 1e9:.3f}B parameters",
+           "",
+           "| step | args GiB | temp GiB | out GiB | resident GiB | per chip GiB | plan GiB | fits "
+           "| model TFLOP | time ms | bound | MFU | tokens/s | compile s |",
+           "|---|" + "---:|" * 13]
+  for r in report["rows"].values():
+    cell = lambda k: gib(r[k]) if k in r else ""
+    fit = ("yes" if r["fits"] else "**no**") + f" ({gib(r['headroom'])} free)"
+    lines.append(f"| {r['step']} | {cell('arguments')} | {cell('temporaries')} | "
+                 f"{cell('outputs')} | {cell('resident')} | {gib(r['per_chip'])} | "
+                 f"{gib(r['plan'])} | {fit} | {r['model_flops'] / 1e12:.1f} | "
+                 f"{r['time_s'] * 1e3:.2f} | {r.get('bound', '')} | {100 * r['mfu']:.1f}% | "
+                 f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} |")
+  if report["candidates"]:
+    lines += ["", "mesh.auto candidates (planner's per-chip GiB; compiled ones with XLA's fit and "
+              "estimated time of the non-rollout steps plus the whole PPO step):", ""]
+    for c in report["candidates"]:
+      tail = (f", compiled: {'fits' if c['fits'] else 'does not fit'}, {c['time_s']:.3f} s"
+              if "rows" in c else "")
+      lines.append(f"- {c['mesh']}: plan {gib(c['plan'])} GiB{tail}")
+  return "\n".join(lines)
+
+
+def run(config: Any, workdir: str) -> dict[str, dict]:
+  """task=compile: the table for every topology of `compile.topology`; writes JSON and Markdown."""
+  topologies = [t.strip() for t in str(config.compile.topology).split(",") if t.strip()]
+  if not topologies:
+    raise ConfigError("compile.topology: name at least one TPU slice, e.g. v5e:4x4 or v5p:2x2x2")
+  names = [s.strip() for s in str(config.compile.steps).split(",") if s.strip()]
+  unknown = sorted(set(names) - set(STEPS))
+  if unknown:
+    raise ConfigError(f"compile.steps: unknown step(s) {unknown}; known: {', '.join(STEPS)}")
+  cfg = model_config(config)
+  out_dir = os.path.join(workdir, "compile")
+  os.makedirs(out_dir, exist_ok=True)
+  reports = {}
+  for topology in topologies:
+    report = compile_topology(config, cfg, topology, names)
+    table = format_report(report)
+    metrics.info(table + "\n")
+    name = topology.replace(":", "_")
+    experiment.write_json(os.path.join(out_dir, f"{name}.json"), report)
+    experiment.write_text(os.path.join(out_dir, f"{name}.md"), table + "\n")
+    reports[topology] = report
+  return reports

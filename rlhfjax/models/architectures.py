@@ -1,0 +1,54 @@
+"""Shapes of published models, by short name, as ModelConfig keyword arguments.
+
+Each entry is the architecture of the model's Hugging Face `config.json` (the base model; an
+instruct model of the same size has the same shapes): for sizing runs, memory and throughput
+estimates, or a fresh model of a known shape. `model_config(name, **overrides)` builds the config;
+the weights themselves come from `model.init_from` (see `pretrained`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import ModelConfig
+
+# Llama 3.1 / 3.2's RoPE: base 500000, "rope_type": "llama3" scaling from an 8192-token original.
+_LLAMA3_ROPE = {"rope_theta": 500000.0, "rope_low_freq_factor": 1.0,
+                "rope_high_freq_factor": 4.0, "rope_original_max_len": 8192}
+_SMOLLM2 = {"variant": "llama", "vocab_size": 49152, "max_len": 8192, "tie_embeddings": True,
+            "norm_eps": 1e-5}
+_LLAMA3 = {"variant": "llama", "vocab_size": 128256, "max_len": 131072, "norm_eps": 1e-5,
+           **_LLAMA3_ROPE}
+_QWEN25 = {"variant": "llama", "norm_eps": 1e-6, "rope_theta": 1000000.0, "qkv_bias": True}
+
+ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "smollm2-135m": {**_SMOLLM2, "d_model": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
+                     "d_ff": 1536, "rope_theta": 100000.0},
+    "smollm2-360m": {**_SMOLLM2, "d_model": 960, "n_layers": 32, "n_heads": 15, "n_kv_heads": 5,
+                     "d_ff": 2560, "rope_theta": 100000.0},
+    "smollm2-1.7b": {**_SMOLLM2, "d_model": 2048, "n_layers": 24, "n_heads": 32, "n_kv_heads": 32,
+                     "d_ff": 8192, "rope_theta": 130000.0},
+    "llama3.2-1b": {**_LLAMA3, "d_model": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8,
+                    "d_ff": 8192, "tie_embeddings": True, "rope_scaling_factor": 32.0},
+    "llama3.2-3b": {**_LLAMA3, "d_model": 3072, "n_layers": 28, "n_heads": 24, "n_kv_heads": 8,
+                    "d_ff": 8192, "tie_embeddings": True, "rope_scaling_factor": 32.0},
+    "llama3.1-8b": {**_LLAMA3, "d_model": 4096, "n_layers": 32, "n_heads": 32, "n_kv_heads": 8,
+                    "d_ff": 14336, "tie_embeddings": False, "rope_scaling_factor": 8.0},
+    "llama3.1-70b": {**_LLAMA3, "d_model": 8192, "n_layers": 80, "n_heads": 64, "n_kv_heads": 8,
+                     "d_ff": 28672, "tie_embeddings": False, "rope_scaling_factor": 8.0},
+    "qwen2.5-0.5b": {**_QWEN25, "vocab_size": 151936, "d_model": 896, "n_layers": 24,
+                     "n_heads": 14, "n_kv_heads": 2, "d_ff": 4864, "max_len": 32768,
+                     "tie_embeddings": True},
+    "qwen2.5-7b": {**_QWEN25, "vocab_size": 152064, "d_model": 3584, "n_layers": 28,
+                   "n_heads": 28, "n_kv_heads": 4, "d_ff": 18944, "max_len": 131072,
+                   "tie_embeddings": False},
+}
+
+
+def model_config(name: str, **overrides: Any) -> ModelConfig:
+  """The ModelConfig of the published model `name`, with `overrides` (e.g. dtype, or fewer layers
+  for a scaled-down test) on top; unknown names and keys raise ConfigError naming them."""
+  if name not in ARCHITECTURES:
+    raise ConfigError(f"unknown architecture {name!r}; known: {', '.join(ARCHITECTURES)}")
+  return ModelConfig.from_mapping({**ARCHITECTURES[name], **overrides})

@@ -1,0 +1,130 @@
+"""Attention kernels: softmax(q k^T / sqrt(Dh), masked) v, as pure functions.
+
+q is [B,T,H,Dh]; k and v are [B,S,KV,Dh], or [B,KV,S,Dh] with `heads_major` (the KV-cache layout);
+q head i uses kv head i // (H / KV) (grouped-query attention). `allowed` [B,T,S] says which keys
+each query sees. The result is [B,T,H,Dh] in q's dtype; the output projection stays with the model.
+
+`ModelConfig.attention` picks the implementation (`attend` dispatches):
+  "reference": the whole [B,H,T,S] float32 score matrix at once; the only one with dropout.
+  "chunked": the same math over blocks of `attention_chunk` queries in a `lax.map`, each block
+    rematerialised in the backward pass, so memory peaks at B x H x chunk x S instead of
+    B x H x T x S. Plain XLA: runs anywhere.
+  "splash": the Pallas TPU splash-attention kernel (flash attention: no score matrix in memory at
+    all, and causally masked blocks skipped). TPU only.
+A KV-cache step (`heads_major`) never uses splash: its queries sit at an offset in the cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_lib
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.sharding import PartitionSpec as P
+
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rules
+
+_NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
+_SPLASH_BLOCKS = (512, 256, 128)  # Tile sizes tried, largest first (multiples of 128 lanes).
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig, *,
+           heads_major: bool = False, rng: jax.Array | None = None) -> jax.Array:
+  """Attention by `cfg.attention`; `rng` drives dropout on the probabilities (reference only)."""
+  if cfg.attention == "chunked":
+    return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major)
+  if cfg.attention == "splash" and not heads_major:
+    # Uncached self-attention: `allowed` is causal AND key-is-real, so its last row is the key mask.
+    return splash(q, k, v, allowed[:, -1, :])
+  return reference(q, k, v, allowed, heads_major=heads_major, dropout=cfg.dropout, rng=rng)
+
+
+def reference(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
+              heads_major: bool = False, dropout: float = 0.0,
+              rng: jax.Array | None = None) -> jax.Array:
+  """The whole score matrix in float32, softmax, dropout (given an `rng`), weighted values."""
+  dt = q.dtype
+  b, t, h, dh = q.shape
+  kv_heads = k.shape[1 if heads_major else 2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, dh)  # q head i uses kv head i // groups.
+  kv_spec = "bksd" if heads_major else "bskd"
+  scores = jnp.einsum(f"btkgd,{kv_spec}->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
+  scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
+  probs = jax.nn.softmax(scores, -1)
+  if rng is not None and dropout > 0:
+    keep = jax.random.bernoulli(rng, 1.0 - dropout, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout), 0)
+  return jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs.astype(dt), v.astype(dt)).reshape(b, t, h, dh)
+
+
+def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk: int, *,
+            heads_major: bool = False) -> jax.Array:
+  """`reference` (without dropout) over blocks of `chunk` queries, one at a time.
+
+  Each block takes its full softmax over all S keys, so results match the reference up to rounding.
+  The block is a `jax.checkpoint`, so the backward pass recomputes its probabilities rather than
+  keeping all T/chunk of them. T is padded up to a multiple of `chunk` with queries that see no key.
+  """
+  b, t, h, dh = q.shape
+  if t <= chunk:
+    return reference(q, k, v, allowed, heads_major=heads_major)
+  n = -(-t // chunk)
+  pad = n * chunk - t
+  q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, dh)
+  allowed = jnp.pad(allowed, ((0, 0), (0, pad), (0, 0))).reshape(b, n, chunk, allowed.shape[-1])
+
+  @jax.checkpoint
+  def block(xs):
+    q_block, allowed_block = xs
+    return reference(q_block, k, v, allowed_block, heads_major=heads_major)
+
+  out = jax.lax.map(block, (q.swapaxes(0, 1), allowed.swapaxes(0, 1)))  # [n,B,chunk,H,Dh]
+  return out.swapaxes(0, 1).reshape(b, n * chunk, h, dh)[:, :t]
+
+
+def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax.Array:
+  """Causal self-attention by the Pallas splash kernel; q [B,T,H,Dh], k, v [B,T,KV,Dh].
+
+  Padding goes in as segment ids (`key_mask` [B,T] as 0/1): a real token attends to the real tokens
+  at or before it, as in `reference`, but a padding token attends to the padding at or before it
+  (there is always itself, so no row is empty), not to real keys; outputs at padding positions
+  differ from the reference and must not be used. The kernel's tiles need a multiple of 128 tokens:
+  T is padded up to one at the end, where causal masking hides the extra keys from every query.
+  Inside a sharded step (a mesh is set) the kernel, a custom call that XLA cannot partition, runs
+  per device under `shard_map`, batch and heads split by the sharding rules. Lowered for a platform
+  other than TPU, it runs the kernel's emulation (Pallas interpret mode): correct but slow, for
+  tests.
+  """
+  b, t, h, dh = q.shape
+  padded = -(-t // 128) * 128
+  block = next(n for n in _SPLASH_BLOCKS if padded % n == 0)
+  sizes = splash_lib.BlockSizes(block_q=block, block_kv=block, block_q_dkv=block,
+                                block_kv_dkv=block, block_q_dq=block, block_kv_dq=block)
+  q = q / jnp.asarray(math.sqrt(dh), q.dtype)  # The kernel does not scale.
+  # [B,heads,T,Dh] with T padded; padding tokens get segment 0.
+  q, k, v = (jnp.pad(x, ((0, 0), (0, padded - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+             for x in (q, k, v))
+  segments = jnp.pad(key_mask.astype(jnp.int32), ((0, 0), (0, padded - t)))
+
+  def run(q, k, v, segments):  # Per device under a mesh: its heads of q (q.shape[1]) and k, v.
+    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((padded, padded))] * q.shape[1])
+
+    def kernel(interpret):
+      fn = splash_lib.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
+                                      interpret=interpret)
+      return jax.vmap(lambda q, k, v, s: fn(q, k, v, splash_lib.SegmentIds(s, s)))
+
+    return jax.lax.platform_dependent(q, k, v, segments, tpu=kernel(False), default=kernel(True))
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    q_spec = rules.spec(("batch", "heads", None, None), q.shape, mesh)
+    kv_spec = rules.spec(("batch", "kv_heads", None, None), k.shape, mesh)
+    if q_spec[1] != kv_spec[1]:  # Split heads only where each device keeps whole q-head groups.
+      q_spec = kv_spec = P(q_spec[0], None, None, None)
+    run = jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, P(q_spec[0])),
+                        out_specs=q_spec, check_vma=False)  # The kernel declares no vma.
+  return run(q, k, v, segments).transpose(0, 2, 1, 3)[:, :t]

@@ -1,0 +1,153 @@
+"""task=compile: every step compiled for TPU slices on this CPU host (libtpu, no TPU), fit and
+no-fit reported from XLA, analytic FLOPs against XLA's count of an unscanned model, mesh.auto,
+slice names, and a silent libtpu."""
+
+import functools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from conftest import ROOT, load_config
+from rlhfjax import compile as compile_task
+from rlhfjax.algorithms import sft
+from rlhfjax.errors import ConfigError
+from rlhfjax.models import flops, transformer
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import tpu
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+needs_libtpu = pytest.mark.skipif(not tpu.has_libtpu(), reason="needs pip install -e '.[tpu]'")
+
+
+def tiny_llama(**mesh):
+  c = load_config()
+  c.model.update(variant="llama", n_kv_heads=1)
+  c.mesh.update(data=1, fsdp=-1, tensor=1, **mesh)
+  return c
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+  """The tiny LLaMA compiled on a v5e and a v4 slice for every step (compiled once)."""
+  c = tiny_llama()
+  c.compile.topology = "v5e:2x2,v4:2x2x1"
+  workdir = str(tmp_path_factory.mktemp("compile"))
+  return compile_task.run(c, workdir), workdir
+
+
+@needs_libtpu
+def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
+  out, workdir = reports
+  for topology, chip in (("v5e:2x2", "v5e"), ("v4:2x2x1", "v4")):
+    r = out[topology]
+    assert r["chips"] == 4 and r["chip"]["name"] == chip and r["mesh"]["fsdp"] == 4
+    assert set(r["rows"]) == set(compile_task.STEPS) | {compile_task.WHOLE_PPO}
+    for name, row in r["rows"].items():
+      assert row["fits"] and row["per_chip"] > 0, (topology, name)
+      assert 0 < row["mfu"] <= 1 and row["time_s"] > 0 and row["tokens_per_s"] > 0
+      assert row["model_flops"] > 0 and row["headroom"] > 0
+    rows = r["rows"]
+    # The rollout steps carry the other models and the optimizer state as resident bytes.
+    assert rows["ppo_decode"]["resident"] > 0 and rows["sft"]["resident"] == 0
+    assert rows["ppo_update"]["arguments"] > rows["sft"]["arguments"]
+    name = topology.replace(":", "_")
+    with open(os.path.join(workdir, "compile", f"{name}.json"), encoding="utf-8") as f:
+      assert json.load(f)["rows"]["sft"]["fits"]
+    with open(os.path.join(workdir, "compile", f"{name}.md"), encoding="utf-8") as f:
+      text = f.read()
+    assert "| ppo_decode |" in text and f"TPU {chip}" in text
+
+
+@needs_libtpu
+def test_a_step_that_cannot_fit_is_reported_as_not_fitting(tmp_path):
+  """Llama-3.1-8B full fine-tuning, batch 64, on one v5e chip: float32 weights and AdamW moments
+  alone are 128 GB. XLA refuses the program; the row says so with its numbers."""
+  c = load_config("tldr_scale", "llama3.1-8b")
+  c.mesh.update(fsdp=1)
+  c.compile.update(topology="v5e:1x1", steps="sft")
+  row = compile_task.run(c, str(tmp_path))["v5e:1x1"]["rows"]["sft"]
+  assert not row["fits"] and row["per_chip"] > 16 * 2**30 and row["headroom"] < 0
+  assert row["arguments"] >= 8.03e9 * 12  # Parameters and two moments, float32.
+  assert row["model_flops"] == pytest.approx(6 * 8.03e9 * 64 * 2048, rel=0.2)
+
+
+def test_analytic_flops_match_an_unscanned_compile():
+  """XLA counts a scanned layer once; unrolled it counts them all, and the formula must agree."""
+  c = load_config()
+  for variant, kv in (("llama", 2), ("gpt2", 4)):
+    cfg = ModelConfig(variant=variant, vocab_size=2048, d_model=256, n_layers=2, n_heads=4,
+                      n_kv_heads=kv, d_ff=1024, max_len=512, scan_layers=False)
+    tx = optimizer.adamw(c.sft, 10)
+    state = jax.eval_shape(lambda cfg=cfg: TrainState.create(transformer.init(jax.random.key(0),
+                                                                              cfg), tx))
+    b, p, r = 8, 192, 64
+    batch = {"prompt": jax.ShapeDtypeStruct((b, p), jnp.int32),
+             "prompt_mask": jax.ShapeDtypeStruct((b, p), bool),
+             "response": jax.ShapeDtypeStruct((b, r), jnp.int32),
+             "response_mask": jax.ShapeDtypeStruct((b, r), bool)}
+    step = jax.jit(functools.partial(sft.train_step, cfg=cfg, tx=tx))
+    cost = step.lower(state, batch, jax.eval_shape(lambda: jax.random.key(0))).compile()
+    cost = cost.cost_analysis()
+    xla = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    analytic = flops.training(cfg, b, p + r, logit_tokens=r, causal_half=False)
+    assert xla == pytest.approx(analytic, rel=0.05), variant
+  # Causal halving applies to self-attention only, never to a decode step over a cache.
+  cfg = ModelConfig(variant="llama", n_heads=4, n_kv_heads=2)
+  full = flops.forward(cfg, 2, 64, causal_half=False)
+  attention = 4 * 2 * 64 * 64 * cfg.n_heads * cfg.dim_per_head * cfg.n_layers
+  assert full - flops.forward(cfg, 2, 64) == attention // 2
+  assert flops.forward(cfg, 2, 1, keys=64) == flops.forward(cfg, 2, 1, keys=64, causal_half=False)
+
+
+@needs_libtpu
+def test_mesh_auto_picks_a_fitting_mesh(tmp_path):
+  c = tiny_llama(auto=True)
+  c.compile.update(topology="v5e:2x2", steps="sft,rm", auto_candidates=2)
+  r = compile_task.run(c, str(tmp_path))["v5e:2x2"]
+  shapes = [cand["mesh"] for cand in r["candidates"]]
+  assert {"data": 1, "fsdp": 4, "tensor": 1} in shapes and {"data": 1, "fsdp": 2, "tensor": 2} in shapes
+  assert sum("rows" in cand for cand in r["candidates"]) == 2
+  assert r["fits"] and r["mesh"] in shapes[:2]
+  assert all(r["data"] * r["fsdp"] * r["tensor"] == 4 for r in shapes)
+
+
+def test_mesh_candidates_respect_batches_and_heads():
+  c = tiny_llama()
+  c.ppo.rollout_batch = 4  # Divides over at most 4 data-parallel chips.
+  cfg = compile_task.model_config(c)  # 2 heads: tensor at most 2.
+  shapes = compile_task.mesh_candidates(c, cfg, 8)
+  assert shapes and all(s["tensor"] <= 2 and s["data"] * s["fsdp"] <= 4 for s in shapes)
+  assert {"data": 1, "fsdp": 4, "tensor": 2} in shapes
+
+
+def test_topologies_and_accelerator_types():
+  assert tpu.topology_for("v4-8") == "v4:2x2x1"
+  assert tpu.topology_for("v5litepod-16") == "v5e:4x4"
+  assert tpu.topology_for("v5p-8") == "v5p:2x2x1"
+  assert tpu.topology_for("v5p-128") == "v5p:4x4x4"
+  assert tpu.topology_for("v6e-8") == "v6e:2x4"
+  assert tpu.chips_in("v5p:2x2x4") == 16
+  assert tpu.topology_for("v5e-16") == "v5e:4x4"  # GKE and some docs say v5e.
+  for bad in ("v3-8", "v5p-12", "v6e-3"):
+    with pytest.raises(ConfigError):
+      tpu.topology_for(bad)
+  for bad in ("v5e:4x4x4", "tpu:2x2", "v7:2x2"):
+    with pytest.raises(ConfigError, match="compile.topology"):
+      tpu.parse(bad)
+
+
+@needs_libtpu
+def test_importing_rlhfjax_silences_libtpu_on_a_cpu_host():
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith("TPU_") and k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
+  code = "import rlhfjax, jax; print(jax.devices()[0].platform)"
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=ROOT, timeout=120, check=True)
+  assert out.stdout.strip() == "cpu"
+  assert "TPU" not in out.stderr and "libtpu" not in out.stderr, out.stderr
