@@ -1,6 +1,7 @@
 """The smallest TPU slice on which a model's SFT, RM and whole PPO step fit (docs/tpu.md).
 
-  python bench/tpu_slices.py --arch llama3.1-8b --chip v5p [--out runs/tpu_slices]
+  python bench/tpu_slices.py --arch llama3.1-8b --chip v5p [--attention splash] \\
+      [--out runs/tpu_slices]
 
 For each slice size from the smallest the memory planner allows (weights, gradients and AdamW
 moments must fit), doubling: the (data, fsdp, tensor) shapes are ranked by the planner as
@@ -41,12 +42,15 @@ def main() -> None:
   parser.add_argument("--arch", default="llama3.1-8b")
   parser.add_argument("--chip", default="v5p", choices=sorted(tpu.CHIPS))
   parser.add_argument("--candidates", type=int, default=1)
+  parser.add_argument("--attention", default="splash",
+                      help="model.attention (splash: the TPU kernel)")
   parser.add_argument("--max_chips", type=int, default=256)
   parser.add_argument("--out", default="runs/tpu_slices")
   args = parser.parse_args()
   chip = tpu.CHIPS[args.chip]
   config = config_file.load(os.path.join(ROOT, "configs", "tldr_scale.py"), args.arch)
   config.mesh.auto = True
+  config.model.attention = args.attention
   config.compile.update(steps=STEPS, auto_candidates=args.candidates)
   cfg = compile_task.model_config(config)
   # PPO trains policy and value (16 bytes per parameter each: float32 weights, gradients, two

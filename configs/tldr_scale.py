@@ -22,7 +22,8 @@ from rlhfjax.models import architectures
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   name = arg or "llama3.1-8b"
   if name not in architectures.ARCHITECTURES:
-    raise ValueError(f"unknown architecture {name!r}; known: {', '.join(architectures.ARCHITECTURES)}")
+    raise ValueError(f"unknown architecture {name!r}; known: "
+                     f"{', '.join(architectures.ARCHITECTURES)}")
   c = config_file.sibling(__file__, "tldr_sim")
   c.workdir = f"runs/{name}"
   c.stages = "sft,label,rm,ppo,eval"

@@ -102,10 +102,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # whitened over the 'batch' (AlpacaFarm) or per 'minibatch'. Learning rate linear to 0.
   # frozen_dtype: the reference and reward models' dtype ('' keeps model.param_dtype; 'bfloat16'
   # halves their memory: they are never trained, so they need no float32 master copy).
+  # value_model: 'separate' (own backbone, from the RM) | 'policy_trunk' (RM head on policy states).
   c.ppo = dict(steps=60, rollout_batch=64, minibatch_size=16, epochs=2, temperature=1.0,
                kl_coef=0.05, adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0,
                gamma=1.0, lam=0.95, whiten="batch", cliprange=0.2, cliprange_value=0.2,
                vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0, frozen_dtype="",
+               value_model="separate",
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
                log_every=1, eval_every=10, eval_examples=256)
@@ -149,7 +151,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip
   # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
   # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
-  c.compile = dict(topology="", steps="sft,rm,dpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
+  c.compile = dict(topology="",
+                   steps="sft,rm,dpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.

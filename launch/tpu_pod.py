@@ -162,7 +162,8 @@ def fit_check(ns, args: list[str]) -> list[str]:
                      "--config.mesh.auto=True, model.remat, or smaller batches.")
   if not report["candidates"]:
     return []
-  return [f"--config.mesh.{a}={n}" for a, n in report["mesh"].items()] + ["--config.mesh.auto=False"]
+  pinned = [f"--config.mesh.{a}={n}" for a, n in report["mesh"].items()]
+  return pinned + ["--config.mesh.auto=False"]
 
 
 def main(argv: list[str] | None = None) -> int:

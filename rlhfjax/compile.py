@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import os
 import re
@@ -62,6 +61,7 @@ from rlhfjax.parallel import memory
 from rlhfjax.parallel import rules
 from rlhfjax.parallel import tpu
 from rlhfjax.parallel.mesh import AXES
+from rlhfjax.parallel.mesh import mesh_shape
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
@@ -207,8 +207,10 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     par.check_batch("ppo.rollout_batch", c.rollout_batch)
     tx = ppo.adamw(c)
     policy_abstract = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
-    state, sh = par.train_state(functools.partial(ppo.init_state, exp), ppo.param_axes(cfg), tx,
-                                policy_abstract, rm_params, abstract=True)
+    state, sh = par.train_state(functools.partial(ppo.init_state, exp),
+                                ppo.param_axes(cfg, c.value_model), tx, policy_abstract, rm_params,
+                                abstract=True)
+    trunk = c.value_model == "policy_trunk"  # The value head reads the policy's hidden states.
     ref = _frozen(state.params["policy"], frozen)
     reward = _frozen(rm_params, frozen)
     b = c.rollout_batch
@@ -254,19 +256,22 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     # Experience: policy, reference, value and reward forward; then `epochs` passes of policy and
     # value training over the whole rollout.
     policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
-    value_fwd = flops.forward(cfg, b, seq, logit_tokens=0)
+    value_fwd = 0.0 if trunk else flops.forward(cfg, b, seq, logit_tokens=0)
     reward_fwd = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
     train = c.epochs * 3 * (policy_fwd + value_fwd)
     f = 2 * policy_fwd + value_fwd + reward_fwd + train
-    # Policy and value with their optimizer state, the frozen models, and the larger of the
-    # experience's forward passes over the rollout and a minibatch's training.
+    # Policy and value (one backbone with the trunk option) with their optimizer state, the frozen
+    # models, and the larger of the experience's forward passes over the rollout and a
+    # minibatch's training.
     update, experience = plan(c.minibatch_size, r_len), plan(b, r_len)
-    planned = (2 * (update["train_step"] - update["activations"]) + _per_chip((ref, reward))
+    planned = ((1 if trunk else 2) * (update["train_step"] - update["activations"])
+               + _per_chip((ref, reward))
                + max(update["activations"], experience["forward_step"] - experience["params"]))
+    passes = {"policy": (2 + 3 * c.epochs, True), "reference": (1, False), "reward": (1, False)}
+    if not trunk:
+      passes["value"] = (1 + 3 * c.epochs, True)
     out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f,
-                    f + (_remat(cfg) - 1) * train, b * seq * (1 + c.epochs),
-                    {"policy": (2 + 3 * c.epochs, True), "value": (1 + 3 * c.epochs, True),
-                     "reference": (1, False), "reward": (1, False)}, planned))
+                    f + (_remat(cfg) - 1) * train, b * seq * (1 + c.epochs), passes, planned))
   if "best_of_n_score" in names:
     b = config.rm.eval_batch_size
     par.check_batch("rm.eval_batch_size", b)
@@ -389,10 +394,9 @@ def mesh_candidates(config: Any, cfg: ModelConfig, chips: int) -> list[dict[str,
   return out
 
 
-def _resolve_mesh(config: Any, cfg: ModelConfig, devices: Sequence[Any]) -> dict[str, int]:
-  from rlhfjax.parallel.mesh import mesh_shape  # pylint: disable=g-import-not-at-top
-  block = {a: config.mesh[a] for a in AXES}
-  return dict(zip(AXES, mesh_shape(block, len(devices))))
+def _resolve_mesh(config: Any, devices: Sequence[Any]) -> dict[str, int]:
+  """`config.mesh` on the slice's devices (one axis may be -1)."""
+  return dict(zip(AXES, mesh_shape({a: config.mesh[a] for a in AXES}, len(devices))))
 
 
 def compile_topology(config: Any, cfg: ModelConfig, topology: str,
@@ -420,7 +424,7 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
     fitting = [c for c in compiled if c["fits"]] or compiled
     best = min(fitting, key=lambda c: (not c["fits"], c["time_s"]))
   else:
-    best = _compile_all(config, cfg, _resolve_mesh(config, cfg, devices), devices, chip, headroom,
+    best = _compile_all(config, cfg, _resolve_mesh(config, devices), devices, chip, headroom,
                         names)
   return {"topology": topology, "chip": dataclasses.asdict(chip), "chips": len(devices),
           "model": dataclasses.asdict(cfg), "param_count": memory.param_bytes(

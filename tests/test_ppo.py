@@ -1,16 +1,19 @@
 """PPO: GAE and returns by hand, the adaptive KL controller, both clipped losses, masked whitening,
-padding after eos counting nowhere, the missing-eos penalty, and a short run that raises the reward
-while the KL stays bounded."""
+padding after eos counting nowhere, the missing-eos penalty, a short run that raises the reward
+while the KL stays bounded, and the value head on the policy trunk (`ppo.value_model`)."""
 
 import functools
+import types
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 from rlhfjax.algorithms import ppo
+from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -24,7 +27,7 @@ def _ppo_config(**kw):
            adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0, gamma=1.0, lam=0.95,
            whiten="batch", cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True,
            no_eos_score=-1.0, lr=3e-3, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9,
-           b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0)
+           b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0, value_model="separate")
   c.update(kw)
   return ml_collections.FrozenConfigDict(c)
 
@@ -171,3 +174,68 @@ def test_short_ppo_run_raises_the_reward_with_bounded_kl():
   assert np.mean(scores[-5:]) > np.mean(scores[:5]) + 1.0, scores
   assert max(kls) < 10.0, kls
   assert int(state.step) == c.steps  # PPO iterations, not minibatch updates.
+
+
+def _init(c, policy, reward):
+  return ppo.init_state(types.SimpleNamespace(config=types.SimpleNamespace(ppo=c)), policy, reward)
+
+
+def _nbytes(tree):
+  return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_policy_trunk_values_are_the_head_on_the_policy_hidden_states():
+  policy, reward = _models()
+  reward["head"]["bias"] = jnp.asarray(0.3)  # A non-zero bias must show up in every real value.
+  prompts, rlen = _rollout_inputs(n=4)
+  batch = _sample(policy, prompts, rlen, jax.random.key(3))
+  c = _ppo_config(value_model="policy_trunk")
+  params = _init(c, policy, reward).params
+  assert set(params) == {"policy", "value_head"}
+  fn = functools.partial(ppo.experience, cfg=CFG, c=c, eos_id=EOS)
+  rollout, _ = fn(params, policy, reward, batch, jnp.asarray(0.05))
+  # By hand: the RM's head on the policy's hidden state at the column before each response token.
+  tokens = jnp.concatenate([batch["prompt"], batch["response"]], 1)
+  mask = jnp.concatenate([batch["prompt_mask"], batch["response_mask"]], 1)
+  hidden = np.asarray(transformer.forward(policy, tokens, CFG, mask=mask)[0])
+  kernel, bias = np.asarray(reward["head"]["kernel"]), float(reward["head"]["bias"])
+  m, plen = np.asarray(batch["response_mask"]), batch["prompt"].shape[1]
+  want = np.zeros(m.shape, np.float32)
+  for b, j in zip(*np.nonzero(m)):
+    want[b, j] = hidden[b, plen - 1 + j] @ kernel + bias
+  np.testing.assert_allclose(rollout["values"], want, atol=1e-5)
+  # The log-probs from that same forward are the separate layout's.
+  separate, _ = fn({"policy": policy, "value": reward}, policy, reward, batch, jnp.asarray(0.05))
+  np.testing.assert_allclose(rollout["logprobs"], separate["logprobs"], atol=1e-5)
+
+
+def test_policy_trunk_train_step_trains_one_backbone():
+  policy, reward = _models()
+  prompts, rlen = _rollout_inputs(n=8)
+  c = _ppo_config(value_model="policy_trunk", rollout_batch=8, minibatch_size=4, epochs=1)
+  state = _init(c, policy, reward)
+  separate = _init(_ppo_config(rollout_batch=8, minibatch_size=4, epochs=1), policy, reward)
+  # One backbone: the policy's leaves plus the head's two, and no second set of AdamW moments.
+  n_policy = len(jax.tree.leaves(policy))
+  assert len(jax.tree.leaves(state.params)) == n_policy + 2
+  assert len(jax.tree.leaves(separate.params)) == 2 * n_policy + 2
+  assert _nbytes(state.params) == _nbytes(policy) + _nbytes(reward["head"])
+  assert _nbytes(separate.opt_state) - _nbytes(state.opt_state) == 2 * _nbytes(reward["backbone"])
+  # The values depend on the trunk: the value loss trains it too.
+  batch = _sample(policy, prompts, rlen, jax.random.key(5))
+  value_grad = jax.grad(lambda p: ppo._policy_and_values(p, batch, CFG, 1.0)[2].sum())(state.params)
+  assert float(optax.tree.norm(value_grad["policy"])) > 0
+  tx = ppo.adamw(c)
+  step = jax.jit(functools.partial(ppo.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))
+  new, m = step(state, policy, reward, batch, jax.random.key(0))
+  for k in ("loss/policy", "loss/value", "loss/total"):
+    assert np.isfinite(float(m[k])), k
+  for name in ("policy", "value_head"):
+    moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params[name], state.params[name])
+    assert any(jax.tree.leaves(moved)), name
+
+
+def test_check_config_refuses_an_unknown_value_model():
+  ppo.check_config(_ppo_config(value_model="policy_trunk"))
+  with pytest.raises(ConfigError, match="ppo.value_model.*separate.*policy_trunk"):
+    ppo.check_config(_ppo_config(value_model="shared"))

@@ -1,7 +1,12 @@
 """PPO against the learned reward model (task=ppo), as in Ziegler et al. / Stiennon et al.
 
 Four parameter trees: the policy (from SFT, trained), the reference (frozen SFT), the value model
-(initialised from the reward model, trained) and the reward model (frozen). One iteration:
+(initialised from the reward model, trained) and the reward model (frozen). With
+`ppo.value_model='policy_trunk'` the value model is instead a scalar head on the policy's own final
+hidden states (TRL's older PPOTrainer with a value head): one trained backbone instead of two, one
+policy forward for log-probs and values, and the value loss trains the policy trunk too.
+
+One iteration:
 
 1. Rollout: the jitted KV-cache sampler draws `format.response_len` tokens at `ppo.temperature` for
    `ppo.rollout_batch` prompts of the unlabeled split; everything after the first eos is padding.
@@ -49,12 +54,15 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 WHITEN = ("batch", "minibatch")
+VALUE_MODELS = ("separate", "policy_trunk")
 
 
 @flax.struct.dataclass
 class PPOState(TrainState):
-  """Policy and value parameters (`params['policy']`, `params['value']`), their optimizer state,
-  and the current KL coefficient β (part of the state so that a resumed run repeats exactly)."""
+  """Trained parameters, their optimizer state, and the current KL coefficient β (part of the state
+  so that a resumed run repeats exactly). `params` is `{'policy', 'value'}` (a value model with its
+  own backbone, `value_model='separate'`) or `{'policy', 'value_head'}` (a scalar head on the
+  policy's hidden states, `'policy_trunk'`); the step functions follow whichever layout they get."""
   kl_coef: jax.Array
 
 
@@ -133,12 +141,36 @@ def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], 
   return pg_loss, vf_loss, stats
 
 
-def _values(value_params, batch: pipeline.Batch, cfg: ModelConfig) -> jax.Array:
-  """V(state before each response token) [B, R], 0 at padding."""
-  tokens, mask = pipeline.prompt_and(batch)
+def _response_values(v: jax.Array, batch: pipeline.Batch) -> jax.Array:
+  """Per-token head outputs over prompt + response [B, T] -> V(state before each response token)
+  [B, R], 0 at padding."""
   p = batch["prompt"].shape[1]
-  v = heads.values(value_params, tokens, mask, cfg)[:, p - 1:-1]
-  return jnp.where(batch["response_mask"], v, 0.0)
+  return jnp.where(batch["response_mask"], v[:, p - 1:-1], 0.0)
+
+
+def _values(value_params, batch: pipeline.Batch, cfg: ModelConfig) -> jax.Array:
+  """The separate value model's V(state before each response token) [B, R], 0 at padding."""
+  tokens, mask = pipeline.prompt_and(batch)
+  return _response_values(heads.values(value_params, tokens, mask, cfg), batch)
+
+
+def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig,
+                       temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Response log-probs, entropies and values, each [B, R] and 0 at padding.
+
+  With a separate value model, its own forward; with a `value_head`, the head reads the hidden
+  states of the policy's one forward pass, so values cost no second backbone pass.
+  """
+  if "value_head" not in params:
+    logp, entropy = policy.response_token_stats(params["policy"], batch, cfg,
+                                                temperature=temperature)
+    return logp, entropy, _values(params["value"], batch, cfg)
+  tokens, mask = pipeline.prompt_and(batch)
+  hidden, _ = transformer.forward(params["policy"], tokens, cfg, mask=mask)
+  logp, entropy = policy.token_stats(policy.distributions_from_hidden(
+      params["policy"], hidden, batch["prompt"].shape[1], cfg, temperature), batch)
+  return logp, entropy, _response_values(heads.apply_scalar_head(params["value_head"], hidden),
+                                         batch)
 
 
 def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
@@ -146,9 +178,8 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
                eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
   """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout."""
   m = batch["response_mask"]
-  logp, entropy = policy.response_token_stats(params["policy"], batch, cfg, temperature=c.temperature)
+  logp, entropy, values = _policy_and_values(params, batch, cfg, c.temperature)
   ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
-  values = _values(params["value"], batch, cfg)
   raw = reward_model.score(reward_params, batch, cfg)
   scores = (penalize_missing_eos(raw, batch["response"], eos_id, c.no_eos_score)
             if c.penalize_no_eos else raw)
@@ -176,8 +207,8 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
   k = n // c.minibatch_size
 
   def loss_fn(params, mb):
-    logp, entropy = policy.response_token_stats(params["policy"], mb, cfg, temperature=c.temperature)
-    values = _values(params["value"], mb, cfg)
+    # With a value head on the policy trunk, the value loss's gradient reaches the trunk too.
+    logp, entropy, values = _policy_and_values(params, mb, cfg, c.temperature)
     pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
     loss = pg_loss + c.vf_coef * vf_loss
     m = mb["response_mask"].astype(jnp.float32)
@@ -234,6 +265,8 @@ def check_config(c: Any) -> None:
                       f"ppo.minibatch_size ({c.minibatch_size})")
   if c.temperature <= 0:
     raise ConfigError(f"ppo.temperature must be > 0 (PPO samples), got {c.temperature}")
+  if c.value_model not in VALUE_MODELS:
+    raise ConfigError(f"ppo.value_model must be one of {VALUE_MODELS}, got {c.value_model!r}")
 
 
 def adamw(c: Any) -> optax.GradientTransformation:
@@ -241,13 +274,28 @@ def adamw(c: Any) -> optax.GradientTransformation:
   return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size))
 
 
+def _value_model(c: Any) -> str:
+  """`ppo.value_model`; a config without the key (older runs, tests/parallel_steps.py) means the
+  separate value model it always had."""
+  return c.get("value_model", "separate")
+
+
 def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> PPOState:
-  """Policy from SFT, value model from the reward model's backbone and head (not its likelihood
-  term: values are per-token head outputs), β from `ppo.kl_coef`."""
+  """Policy from SFT, β from `ppo.kl_coef`, and the value model from the reward model's backbone and
+  head (not its likelihood term: values are per-token head outputs) — or, with
+  `value_model='policy_trunk'`, the reward model's head alone: it starts as the RM's read-out
+  applied to the policy's features."""
   c = exp.config.ppo
-  value = {"backbone": rm_params["backbone"], "head": rm_params["head"]}
+  if _value_model(c) == "policy_trunk":
+    # The RM head rather than a fresh one: policy and RM backbones both come from SFT, so its
+    # read-out is the closest to a value estimate at hand, both layouts start from the same head,
+    # and no seed is needed.
+    params = {"policy": sft_params, "value_head": rm_params["head"]}
+  else:
+    params = {"policy": sft_params,
+              "value": {"backbone": rm_params["backbone"], "head": rm_params["head"]}}
   # Copies: the trained trees must not alias the frozen reference and reward trees.
-  params = jax.tree.map(jnp.copy, {"policy": sft_params, "value": value})
+  params = jax.tree.map(jnp.copy, params)
   tx = adamw(c)
   return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
@@ -269,8 +317,9 @@ def train(exp: experiment.Experiment) -> PPOState:
   par = exp.parallel
   par.check_batch("ppo.rollout_batch", c.rollout_batch)
   tx = adamw(c)
-  state, shardings = par.train_state(functools.partial(init_state, exp), param_axes(exp.model), tx,
-                                     ref_params, reward_params)
+  state, shardings = par.train_state(functools.partial(init_state, exp),
+                                     param_axes(exp.model, c.value_model), tx, ref_params,
+                                     reward_params)
   # The trained copies are made; the frozen models may now drop to their own dtype.
   ref_params = frozen(ref_params, c.frozen_dtype)
   reward_params = frozen(reward_params, c.frozen_dtype)
@@ -343,15 +392,19 @@ def train(exp: experiment.Experiment) -> PPOState:
   return state
 
 
-def param_axes(cfg: ModelConfig) -> dict:
-  """Logical axes of PPO's trained parameters: the policy and the value model."""
+def param_axes(cfg: ModelConfig, value_model: str = "separate") -> dict:
+  """Logical axes of PPO's trained parameters: the policy and the value model (`ppo.value_model`:
+  a whole reward/value model, or only a scalar head on the policy trunk)."""
+  if value_model == "policy_trunk":
+    return {"policy": transformer.param_axes(cfg), "value_head": heads.scalar_head_axes()}
   return {"policy": transformer.param_axes(cfg), "value": heads.param_axes(cfg)}
 
 
 def _state_template(exp: experiment.Experiment) -> PPOState:
   """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return exp.parallel.train_state(functools.partial(init_state, exp), param_axes(exp.model),
+  return exp.parallel.train_state(functools.partial(init_state, exp),
+                                  param_axes(exp.model, _value_model(exp.config.ppo)),
                                   adamw(exp.config.ppo), policy_shape,
                                   reward_model.model_template(exp), abstract=True)[0]
 

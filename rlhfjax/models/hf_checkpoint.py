@@ -226,8 +226,8 @@ def _llama_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Ten
          "mlp/wi": t("mlp.up_proj.weight", (f, d)).T,
          "mlp/wo": t("mlp.down_proj.weight", (d, f)).T}
   if cfg.qkv_bias:
-    for name, heads in (("q", h), ("k", kv), ("v", kv)):
-      out[f"attn/{name}_bias"] = t(f"self_attn.{name}_proj.bias", (heads * dh,)).reshape(heads, dh)
+    for name, count in (("q", h), ("k", kv), ("v", kv)):
+      out[f"attn/{name}_bias"] = t(f"self_attn.{name}_proj.bias", (count * dh,)).reshape(count, dh)
   return out
 
 

@@ -54,7 +54,12 @@ def response_token_stats(params, batch: pipeline.Batch, cfg: ModelConfig,
                          temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
   """log p(response token | prompt, earlier tokens) under `softmax(logits / temperature)`, and the
   entropy of that distribution; both [B, R] and 0 at padding."""
-  logp_all = response_distributions(params, batch, cfg, dropout_rng, temperature)
+  return token_stats(response_distributions(params, batch, cfg, dropout_rng, temperature), batch)
+
+
+def token_stats(logp_all: jax.Array, batch: pipeline.Batch) -> tuple[jax.Array, jax.Array]:
+  """`response_token_stats` from the response's distributions [B, R, V] (e.g. those of
+  `distributions_from_hidden`, when the caller needs the hidden states too)."""
   logp = _chosen(logp_all, batch["response"])
   entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)
   m = batch["response_mask"]

@@ -60,10 +60,20 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   """Bytes per device for one training step on `batch` sequences of `seq_len` tokens taking logits
   at `logit_tokens` positions of each (default: all; SFT, DPO and PPO take them at the response
   only), one forward pass of the same batch, and the KV cache for sampling `sample_batch`
-  sequences of `seq_len` tokens (0: the training batch)."""
+  sequences of `seq_len` tokens (0: the training batch).
+
+  What a training step's temporaries hold, as XLA's buffer assignment for the layer-scanned,
+  rematerialised model on TPU shows them: the gradients twice (the result and the layer scan's
+  accumulators); every weight cast to the compute dtype once (XLA hoists the cast out of the
+  scan) when it differs from the parameters'; each layer's input with remat (twice without fsdp:
+  the scan's stacked output and its copy), or every layer's activations without remat; one
+  layer's working set (about 1.35x the matmul outputs counted below, plus the attention scores of
+  the queries the kernel takes at once); and the logits once in the compute dtype. The constants
+  were fitted to compiles of Llama-3.2-1B, 3.1-8B and 3.1-70B on v5p slices (docs/tpu.md).
+  """
   p = param_bytes(cfg, mesh)
   dp = math.prod(mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
-  tp = mesh.shape["tensor"]
+  tp, fsdp = mesh.shape["tensor"], mesh.shape["fsdp"]
   b_local = max(batch // dp, 1)
   act = jnp.dtype(cfg.dtype).itemsize
   d, f, h, kv, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head
@@ -73,20 +83,24 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   # once: all of them (reference), a block (chunked), none outside the kernel's on-chip blocks.
   queries = {"reference": seq_len, "chunked": min(cfg.attention_chunk, seq_len), "splash": 0}
   scores = b_local * local(h) * queries[cfg.attention] * seq_len * (act + 8)
-  per_layer = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
-                        + 3 * local(f)) * act + scores
-  layers = cfg.n_layers * (tokens * d * act) + per_layer if cfg.remat else cfg.n_layers * per_layer
-  # float32 logits, their log-softmax and its gradient (forward: the logits alone).
-  logits = b_local * (seq_len if logit_tokens is None else logit_tokens) * local(cfg.vocab_size) * 4
+  matmul_outputs = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
+                             + 3 * local(f)) * act
+  copies = 2 if fsdp == 1 else 1  # Under fsdp the stacked layer inputs are not copied again.
+  layers = (copies * cfg.n_layers * tokens * d * act if cfg.remat
+            else cfg.n_layers * (matmul_outputs + scores))
+  logits = b_local * (seq_len if logit_tokens is None else logit_tokens) * local(cfg.vocab_size)
+  param_size = jnp.dtype(cfg.param_dtype).itemsize
+  cast = 0 if act == param_size else p["per_device"] * act // param_size
   sb = max((sample_batch or batch) // dp, 1)
   kv_cache = 2 * cfg.n_layers * sb * seq_len * local(kv) * dh * act
   out = {"devices": int(mesh.size), "mesh": dict(mesh.shape), "params_total": p["total"],
          "param_count": p["count"], "params": p["per_device"],
          # optax keeps AdamW's two moments in the parameters' dtype.
-         "optimizer": 2 * p["per_device"], "gradients": p["per_device"],
-         "activations": int(layers + 3 * logits), "kv_cache": int(kv_cache)}
+         "optimizer": 2 * p["per_device"], "gradients": 2 * p["per_device"],
+         "activations": int(cast + layers + 1.35 * matmul_outputs + scores + logits * act),
+         "kv_cache": int(kv_cache)}
   out["train_step"] = out["params"] + out["optimizer"] + out["gradients"] + out["activations"]
-  out["forward_step"] = out["params"] + int(per_layer + logits)
+  out["forward_step"] = out["params"] + int(matmul_outputs + scores + 4 * logits)
   return out
 
 
@@ -140,11 +154,12 @@ def run(config: Any, workdir: str) -> dict:
   from rlhfjax.training import metrics  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_mapping(config.model.to_dict())
   par = Parallel.from_config(config.mesh)
-  seq = config.format.prompt_len + config.format.response_len
-  plans = {"sft step": plan(cfg, par.mesh, config.sft.batch_size, seq),
-           "rm step": plan(cfg, par.mesh, 2 * config.rm.batch_size, seq),
+  seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len
+  rm_logits = r_len if config.rm.likelihood_weight else 0
+  plans = {"sft step": plan(cfg, par.mesh, config.sft.batch_size, seq, logit_tokens=r_len),
+           "rm step": plan(cfg, par.mesh, 2 * config.rm.batch_size, seq, logit_tokens=rm_logits),
            "ppo rollout": plan(cfg, par.mesh, config.ppo.minibatch_size, seq,
-                               config.ppo.rollout_batch)}
+                               config.ppo.rollout_batch, logit_tokens=r_len)}
   xla = xla_step_bytes(sft_step_lowered(cfg, par, config.sft, seq))
   sft_plan = plans["sft step"]
   report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla}
