@@ -3,8 +3,8 @@
   python bench/tpu_slices.py --arch llama3.1-8b --chip v5p [--attention splash] \\
       [--out runs/tpu_slices]
 
-For each slice size from the smallest the memory planner allows (weights, gradients and AdamW
-moments must fit), doubling: the (data, fsdp, tensor) shapes are ranked by the planner as
+For each slice size Google Cloud offers, from the smallest that can hold PPO's trained and frozen
+weights, gradients and AdamW moments: the (data, fsdp, tensor) shapes are ranked by the planner as
 `mesh.auto` does, the best `--candidates` compiled with task=compile's code (configs/tldr_scale.py
 with that architecture; libtpu, no TPU), and the first slice where every step fits is reported
 with its per-chip GiB, estimated MFU and tokens/s. Prints one Markdown row per step and writes
@@ -55,14 +55,12 @@ def main() -> None:
   cfg = compile_task.model_config(config)
   # PPO trains policy and value (16 bytes per parameter each: float32 weights, gradients, two
   # moments) beside frozen bfloat16 reference and reward models: fewer chips cannot hold it.
-  n = memory.param_bytes(cfg, compile_task.topology_mesh(tpu.devices(topology(chip, 1)),
+  n = memory.param_bytes(cfg, compile_task.topology_mesh(tpu.devices(topology(chip, 4)),
                                                           {"data": 1, "fsdp": 1, "tensor": 1}))
   n = n["count"]
-  chips = 1
-  while chips * chip.hbm_bytes < 36 * n:
-    chips *= 2
+  sizes = [k for k in tpu.slice_sizes(chip) if k * chip.hbm_bytes >= 36 * n]
   tried = []
-  while chips <= args.max_chips:
+  for chips in (k for k in sizes if k <= args.max_chips):
     name = topology(chip, chips)
     t0 = time.perf_counter()
     report = compile_task.compile_topology(config, cfg, name, STEPS.split(","))
@@ -72,7 +70,6 @@ def main() -> None:
           f"({tried[-1]['seconds']:.0f} s)", flush=True)
     if report["fits"]:
       break
-    chips *= 2
   os.makedirs(args.out, exist_ok=True)
   with open(os.path.join(args.out, f"{args.arch}_{args.chip}.json"), "w", encoding="utf-8") as f:
     json.dump({"arch": args.arch, "chip": args.chip, "tried": tried, "report": report}, f, indent=2)

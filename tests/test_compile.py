@@ -150,7 +150,7 @@ def test_topologies_and_accelerator_types():
   assert tpu.topology_for("v6e-8") == "v6e:2x4"
   assert tpu.chips_in("v5p:2x2x4") == 16
   assert tpu.topology_for("v5e-16") == "v5e:4x4"  # GKE and some docs say v5e.
-  for bad in ("v3-8", "v5p-12", "v6e-3"):
+  for bad in ("v3-8", "v5p-12", "v6e-3", "v5p-2", "v6e-2"):  # v5p starts at 4 chips; no 2-chip v6e.
     with pytest.raises(ConfigError):
       tpu.topology_for(bad)
   for bad in ("v5e:4x4x4", "tpu:2x2", "v7:2x2"):

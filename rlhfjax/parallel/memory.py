@@ -100,7 +100,7 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
          "activations": int(cast + layers + 1.35 * matmul_outputs + scores + logits * act),
          "kv_cache": int(kv_cache)}
   out["train_step"] = out["params"] + out["optimizer"] + out["gradients"] + out["activations"]
-  out["forward_step"] = out["params"] + int(matmul_outputs + scores + 4 * logits)
+  out["forward_step"] = out["params"] + int(matmul_outputs + scores + logits * act)
   return out
 
 

@@ -100,6 +100,14 @@ def devices(topology: str) -> list:
     raise ConfigError(f"compile.topology: libtpu gave no devices for {name!r}: {e}") from e
 
 
+def slice_sizes(chip: Chip) -> tuple[int, ...]:
+  """Chip counts of the single slices Google Cloud offers: 2D pods (v5e, v6e) of 1 to 256 chips
+  (no 2-chip slice), 3D pods (v4, v5p) from one host of 4 chips, doubling."""
+  if chip.dims == 2:
+    return (1, 4, 8, 16, 32, 64, 128, 256)
+  return tuple(4 * 2**i for i in range(11))
+
+
 def topology_for(accelerator: str) -> str:
   """The topology of a gcloud accelerator type: 'v5litepod-16' -> 'v5e:4x4', 'v5p-8' -> 'v5p:2x2x1'
   (the default slice shapes: a 2D or 3D torus as square as the chip count allows)."""
@@ -110,10 +118,11 @@ def topology_for(accelerator: str) -> str:
   chip = next(c for c in CHIPS.values() if m.group(1) in (c.name, c.accelerator))
   count = int(m.group(2))
   chips = count // chip.cores_per_chip
-  if count % chip.cores_per_chip or chips < 1 or chips & (chips - 1):
-    raise ConfigError(f"{accelerator}: {chip.name} slices have a power-of-two number of chips "
+  if count % chip.cores_per_chip or chips not in slice_sizes(chip):
+    offered = ", ".join(f"{chip.accelerator}-{n * chip.cores_per_chip}" for n in slice_sizes(chip))
+    raise ConfigError(f"{accelerator} is not a {chip.name} slice Google Cloud offers "
                       f"({'TensorCores, 2 per chip' if chip.cores_per_chip == 2 else 'chips'} "
-                      "in the name)")
+                      f"in the name): {offered}")
   shape = [1] * chip.dims
   for _ in range(chips.bit_length() - 1):  # Double the smallest side, first one first.
     shape[shape.index(min(shape))] *= 2
