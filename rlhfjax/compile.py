@@ -416,7 +416,10 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
       par = Parallel(topology_mesh(devices, shape))
       planned = max(s.plan_bytes + s.resident for s in steps(config, cfg, par, names))
       candidates.append({"mesh": shape, "plan": planned})
-    candidates.sort(key=lambda c: (c["plan"] > chip.hbm_bytes * (1 - headroom),
+    # Planned to fit first, widest data parallelism (least communication) first among those;
+    # then the nearest misses (the plan is an estimate: a near miss may fit).
+    usable = chip.hbm_bytes * (1 - headroom)
+    candidates.sort(key=lambda c: (c["plan"] > usable, 0 if c["plan"] > usable else
                                    -c["mesh"]["data"] * c["mesh"]["fsdp"], c["plan"]))
     for cand in candidates[:int(config.compile.auto_candidates)]:
       cand.update(_compile_all(config, cfg, cand["mesh"], devices, chip, headroom, names))
