@@ -101,7 +101,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # controller towards kl_target nats over kl_horizon episodes. GAE with gamma, lam; advantages
   # whitened over the 'batch' (AlpacaFarm) or per 'minibatch'. Learning rate linear to 0.
   # frozen_dtype: the reference and reward models' dtype ('' keeps model.param_dtype; 'bfloat16'
-  # halves their memory: they are never trained, so they need no float32 master copy).
+  # halves their memory: they are never trained, so they need no float32 master copy; use it with
+  # model.dtype='bfloat16', where the reference then equals the initial policy exactly).
   # value_model: 'separate' (own backbone, from the RM) | 'policy_trunk' (RM head on policy states).
   c.ppo = dict(steps=60, rollout_batch=64, minibatch_size=16, epochs=2, temperature=1.0,
                kl_coef=0.05, adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0,

@@ -142,8 +142,12 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]
 def fit_check(ns, args: list[str]) -> list[str]:
   """Compiles the job for the slice of `ns.accelerator` here; exits with the reason when it does not
   fit, else returns the arguments that pin the mesh `mesh.auto` chose (none without auto)."""
+  from rlhfjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
   from rlhfjax.parallel import tpu  # pylint: disable=g-import-not-at-top
-  topology = tpu.topology_for(ns.accelerator)
+  try:
+    topology = tpu.topology_for(ns.accelerator)
+  except ConfigError as e:
+    raise SystemExit(f"refused: {e}") from e
   with tempfile.TemporaryDirectory() as workdir:
     cmd = [sys.executable, "-m", "rlhfjax.main", *args, "--config.task=compile",
            f"--config.compile.topology={topology}", f"--workdir={workdir}"]

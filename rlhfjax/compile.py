@@ -118,12 +118,10 @@ def _tokens(par: Parallel, batch: int, names: dict[str, int]) -> dict[str, jax.S
   return out
 
 
-def _frozen(tree: Any, dtype: str) -> Any:
-  """Abstract frozen parameters in `dtype` ('' keeps theirs)."""
-  if not dtype:
-    return tree
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, jnp.dtype(dtype), sharding=x.sharding)
-                      if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+def _frozen(par: Parallel, tree: Any, dtype: str) -> Any:
+  """Abstract frozen parameters as `ppo.frozen` casts them, on their shardings."""
+  return par.abstract(jax.eval_shape(lambda t: ppo.frozen(t, dtype), tree),
+                      jax.tree.map(lambda x: x.sharding, tree))
 
 
 def _per_chip(tree: Any) -> int:
@@ -211,8 +209,8 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
                                 ppo.param_axes(cfg, c.value_model), tx, policy_abstract, rm_params,
                                 abstract=True)
     trunk = c.value_model == "policy_trunk"  # The value head reads the policy's hidden states.
-    ref = _frozen(state.params["policy"], frozen)
-    reward = _frozen(rm_params, frozen)
+    ref = _frozen(par, state.params["policy"], frozen)
+    reward = _frozen(par, rm_params, frozen)
     b = c.rollout_batch
     everything = _per_chip((state, ref, reward))
   if "ppo_prefill" in ppo_names or "ppo_decode" in ppo_names:
@@ -233,6 +231,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
                                         prompts["prompt_mask"]), f, f, b * p_len,
                     {"policy": (1, False)}, planned, resident))
   if "ppo_decode" in ppo_names:
+    # Token ids only enter as values: any eos/pad compiles to the same program.
     scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=2, pad_id=0,
                                    temperature=c.temperature)
     rows = NamedSharding(par.mesh, rules.spec(("batch",), (b,), par.mesh))

@@ -38,7 +38,8 @@ OPT = dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9
 PPO = ml_collections.ConfigDict(dict(
     **OPT, steps=STEPS, rollout_batch=B, minibatch_size=4, epochs=2, temperature=0.7, kl_coef=0.05,
     adaptive_kl=False, kl_target=6.0, kl_horizon=10000, gamma=1.0, lam=0.95, whiten="batch",
-    cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0))
+    cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
+    value_model="separate"))
 DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
 
 

@@ -249,7 +249,10 @@ def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pip
 
 def frozen(params: Any, dtype: str) -> Any:
   """A frozen model's parameters (reference, reward) in `dtype` ('' keeps theirs). Cast after
-  `init_state` copied the policy and value model from them: those train in their own precision."""
+  `init_state` copied the policy and value model from them: those train in their own precision.
+  Meant for `model.dtype=bfloat16`, where every matmul already rounds the weights to bfloat16, so
+  the reference's log-probs equal the initial policy's and the KL starts at 0; under float32
+  compute a bfloat16 reference differs from the policy by its rounding from the first step."""
   if not dtype:
     return params
   return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
@@ -274,19 +277,13 @@ def adamw(c: Any) -> optax.GradientTransformation:
   return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size))
 
 
-def _value_model(c: Any) -> str:
-  """`ppo.value_model`; a config without the key (older runs, tests/parallel_steps.py) means the
-  separate value model it always had."""
-  return c.get("value_model", "separate")
-
-
 def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> PPOState:
   """Policy from SFT, β from `ppo.kl_coef`, and the value model from the reward model's backbone and
   head (not its likelihood term: values are per-token head outputs) — or, with
   `value_model='policy_trunk'`, the reward model's head alone: it starts as the RM's read-out
   applied to the policy's features."""
   c = exp.config.ppo
-  if _value_model(c) == "policy_trunk":
+  if c.value_model == "policy_trunk":
     # The RM head rather than a fresh one: policy and RM backbones both come from SFT, so its
     # read-out is the closest to a value estimate at hand, both layouts start from the same head,
     # and no seed is needed.
@@ -404,7 +401,7 @@ def _state_template(exp: experiment.Experiment) -> PPOState:
   """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
   return exp.parallel.train_state(functools.partial(init_state, exp),
-                                  param_axes(exp.model, _value_model(exp.config.ppo)),
+                                  param_axes(exp.model, exp.config.ppo.value_model),
                                   adamw(exp.config.ppo), policy_shape,
                                   reward_model.model_template(exp), abstract=True)[0]
 

@@ -97,10 +97,8 @@ def _rope_settings(config: dict[str, Any], path: str) -> dict[str, Any]:
       missing = [k for k in LLAMA3_ROPE if rope.get(k) is None]
       if missing:
         raise ConfigError(f"{path}: {key} of type 'llama3' lacks {', '.join(missing)}")
-      out.update(rope_scaling_factor=float(rope["factor"]),
-                 rope_low_freq_factor=float(rope["low_freq_factor"]),
-                 rope_high_freq_factor=float(rope["high_freq_factor"]),
-                 rope_original_max_len=int(rope["original_max_position_embeddings"]))
+      out.update({field: type(getattr(ModelConfig, field))(rope[k])
+                  for k, field in LLAMA3_ROPE.items()})
     elif kind != "default":
       raise ConfigError(f"{path}: {key} of type {kind!r} is not supported "
                         "(plain RoPE or llama3 only)")

@@ -5,9 +5,10 @@ parameters, AdamW's two moments (in the parameters' dtype, as optax keeps them) 
 what XLA adds for a step (see `plan`): gradients, the weights cast to the compute dtype, the
 activations kept for the backward pass (with `model.remat` each layer's input plus one layer's
 working set, attention scores only for the queries the attention kernel takes at once) and the
-logits where the step takes them; and for sampling, the KV cache. Parameters and optimizer bytes are exact; the whole was
-within 15% of XLA's per-chip bytes for 34 of 40 steps of Llama 1B/8B/70B compiled for v5e, v5p
-and v6e slices, within 19% for all but one (docs/tpu.md says which and why).
+logits where the step takes them; and for sampling, the KV cache. Parameters and optimizer bytes
+are exact; the whole was within 15% of XLA's per-chip bytes for 34 of 40 steps of Llama
+1B/8B/70B compiled for v5e, v5p and v6e slices, within 19% for all but one (docs/tpu.md says
+which and why).
 `xla_step_bytes` asks the compiler what it actually allocates, so the two can be compared
 (`task=memory` prints both; `task=compile` beside every step).
 """
