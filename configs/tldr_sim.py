@@ -91,11 +91,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # the likelihood: its head alone learns length, not fact-checking; and a zero head lets it start
   # as the SFT likelihood judge instead of that plus a random head (docs/reward_model.md). Both
   # values were chosen on the evaluation pool's labels (weights 1, 2, 3, 5; scales 0, 1).
+  # contrast_batch_size > 0 adds that many label-free pairs per step (preference-model
+  # pretraining: a `contrast_split` reference over a copy with one fact swapped or substituted,
+  # rlhfjax/feedback/contrast.py) at loss weight contrast_weight; off: measured not to help here.
   c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=3e-4,
               warmup_steps=10, schedule="cosine", end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8,
               weight_decay=0.0, grad_clip=1.0, log_every=10, eval_every=50, eval_batch_size=64,
               normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
-              bootstrap=200, likelihood_weight=3.0, head_init_scale=0.0)
+              bootstrap=200, likelihood_weight=3.0, head_init_scale=0.0,
+              contrast_batch_size=0, contrast_weight=1.0, contrast_split="sft", contrast_max_df=0.2)
 
   # PPO against the reward model (Ziegler et al. / Stiennon et al.; knobs named as in TRL where
   # they exist). Per-token reward -kl_coef * (log pi - log pi_ref), plus the RM score at eos, or

@@ -144,6 +144,40 @@ def test_train_step_learns_a_preference():
   assert float(m["train/accuracy"]) == 1.0 and float(m["train/margin"]) > 1.0
 
 
+def test_train_step_adds_the_weighted_contrastive_loss():
+  """With `contrast_*` pairs in the batch the loss is BT(labelled) + weight x BT(contrastive), each
+  the loss of the scores computed on its own."""
+  rng = np.random.default_rng(2)
+
+  def pairs(n):
+    ids = lambda shape: rng.integers(4, 32, shape).astype(np.int32)
+    return {"prompt": ids((n, 6)), "prompt_mask": np.ones((n, 6), bool),
+            "chosen": ids((n, 5)), "chosen_mask": np.ones((n, 5), bool),
+            "rejected": ids((n, 5)), "rejected_mask": np.ones((n, 5), bool)}
+
+  labelled, extra = pairs(4), pairs(2)
+  tx = optimizer.adamw(dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9,
+                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0), 1)
+
+  def bt(batch):
+    r = [reward_model.score(PARAMS, {"prompt": batch["prompt"], "prompt_mask": batch["prompt_mask"],
+                                     "response": batch[s], "response_mask": batch[s + "_mask"]}, CFG)
+         for s in ("chosen", "rejected")]
+    return reward_model.bradley_terry(*r)
+
+  _, m = reward_model.train_step(
+      TrainState.create(PARAMS, tx), {**labelled, **{"contrast_" + k: v for k, v in extra.items()}},
+      cfg=CFG, tx=tx, contrast_weight=0.5)
+  want_pref, want_contrast = bt(labelled), bt(extra)
+  np.testing.assert_allclose(float(m["train/preference_loss"]), float(want_pref["loss"]), rtol=1e-5)
+  np.testing.assert_allclose(float(m["train/contrast_loss"]), float(want_contrast["loss"]),
+                             rtol=1e-5)
+  np.testing.assert_allclose(float(m["train/loss"]),
+                             float(want_pref["loss"]) + 0.5 * float(want_contrast["loss"]), rtol=1e-5)
+  assert float(m["train/contrast_accuracy"]) == float(want_contrast["accuracy"])
+  assert float(m["train/accuracy"]) == float(want_pref["accuracy"])
+
+
 @pytest.fixture(scope="module")
 def pipeline_run(tiny_pipeline):
   config, workdir = tiny_pipeline

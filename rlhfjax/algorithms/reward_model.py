@@ -51,6 +51,7 @@ from rlhfjax.evaluation import agreement
 from rlhfjax.evaluation import rm_probes
 from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
+from rlhfjax.feedback import contrast
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
 from rlhfjax.models import policy
@@ -88,18 +89,34 @@ def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "resp
   return r
 
 
+CONTRAST = "contrast_"  # Batch keys of the label-free contrastive pairs (`feedback.contrast`).
+
+
+def _pairs(batch: pipeline.Batch, prefix: str = "") -> list[pipeline.Batch]:
+  """The chosen and the rejected side of the pairs `prefix`* of `batch`, as response batches."""
+  return [{"prompt": batch[prefix + "prompt"], "prompt_mask": batch[prefix + "prompt_mask"],
+           "response": batch[prefix + side], "response_mask": batch[prefix + side + "_mask"]}
+          for side in ("chosen", "rejected")]
+
+
 def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
-               tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One AdamW step on the Bradley–Terry loss; chosen and rejected share one forward pass."""
-  both = {"prompt": jnp.concatenate([batch["prompt"]] * 2),
-          "prompt_mask": jnp.concatenate([batch["prompt_mask"]] * 2),
-          "response": jnp.concatenate([batch["chosen"], batch["rejected"]]),
-          "response_mask": jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])}
-  n = batch["prompt"].shape[0]
+               tx: optax.GradientTransformation,
+               contrast_weight: float = 1.0) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One AdamW step on the Bradley–Terry loss; chosen and rejected share one forward pass. When
+  the batch also holds contrastive pairs (keys `contrast_*`, `feedback.contrast`), their
+  Bradley–Terry loss is added with weight `contrast_weight`, in the same forward pass."""
+  sides = _pairs(batch) + (_pairs(batch, CONTRAST) if CONTRAST + "chosen" in batch else [])
+  both = {k: jnp.concatenate([b[k] for b in sides]) for k in sides[0]}
+  sizes = np.cumsum([b["prompt"].shape[0] for b in sides])[:-1]
 
   def loss_fn(params):
-    r = score(params, both, cfg)
-    out = bradley_terry(r[:n], r[n:])
+    r = jnp.split(score(params, both, cfg), sizes)
+    out = bradley_terry(r[0], r[1])
+    if len(r) == 4:
+      extra = bradley_terry(r[2], r[3])
+      out = {**out, "loss": out["loss"] + contrast_weight * extra["loss"],
+             "preference_loss": out["loss"], "contrast_loss": extra["loss"],
+             "contrast_accuracy": extra["accuracy"]}
     return out["loss"], out
 
   (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -175,8 +192,11 @@ def param_axes(exp: experiment.Experiment) -> dict:
 def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
   """What determines the trained reward model; resuming under other values is refused."""
   skip = ("log_every", "eval_every", "eval_batch_size", "probe_examples", "bootstrap")
+  rm = {k: v for k, v in exp.config.rm.items() if k not in skip}
+  if not rm.get("contrast_batch_size"):  # Without contrastive pairs their settings play no part.
+    rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
-          "rm": {k: v for k, v in exp.config.rm.items() if k not in skip},
+          "rm": rm,
           "files": files_meta(exp, files)}
 
 
@@ -194,8 +214,17 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   tx = optimizer.adamw(c, steps)
   state, shardings = par.train_state(lambda p: TrainState.create(init_params(exp, p), tx),
                                      param_axes(exp), tx, sft_params)
-  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
+  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx,
+                                      contrast_weight=c.contrast_weight),
                     (shardings, par.batch), (shardings, par.replicated), (0,))
+  contrast_data = None
+  if c.contrast_batch_size:
+    par.check_batch("rm.contrast_batch_size", c.contrast_batch_size)
+    contrast_data = pipeline.encode_comparisons(exp.tokenizer, contrast_comparisons(exp),
+                                                fmt.prompt_len, fmt.response_len)
+    metrics_lib.info(f"rm: {len(contrast_data['prompt'])} contrastive pairs from the "
+                     f"{c.contrast_split!r} split's references, {c.contrast_batch_size} per step "
+                     f"at weight {c.contrast_weight}")
 
   def validate(params) -> dict[str, float]:
     rc, rr = (np.concatenate([to_host(score_batch(params, b, exp.model, r))[:n]
@@ -211,7 +240,12 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
 
   def one_step(state, step):
     idx = pipeline.batch_indices(len(train_comps), c.batch_size, config.seed, step)
-    return step_fn(state, par.put_batch(data, idx))
+    batch = par.put_batch(data, idx)
+    if contrast_data is not None:
+      cidx = pipeline.batch_indices(len(contrast_data["prompt"]), c.contrast_batch_size,
+                                    config.seed + 1, step)
+      batch.update({CONTRAST + k: v for k, v in par.put_batch(contrast_data, cidx).items()})
+    return step_fn(state, batch)
 
   def periodic(state, done, m) -> dict[str, float]:
     out = {}
@@ -228,6 +262,22 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   writer.close()
   ckpt.close()
   return state
+
+
+def contrast_comparisons(exp: experiment.Experiment) -> list[records.Comparison]:
+  """The label-free contrastive pairs of `rm.contrast_split`'s references (`feedback.contrast`)."""
+  c = exp.config.rm
+  if c.contrast_split not in exp.splits:
+    raise ConfigError(f"rm.contrast_split {c.contrast_split!r} is not a data split "
+                      f"({', '.join(exp.splits)})")
+  examples = exp.splits[c.contrast_split]
+  if not examples or not getattr(examples[0], "reference", ""):
+    raise ConfigError(f"rm.contrast_split {c.contrast_split!r} has no reference summaries")
+  pairs = contrast.comparisons(examples, exp.config.seed, c.contrast_max_df)
+  if len(pairs) < c.contrast_batch_size:
+    raise ConfigError(f"rm.contrast_batch_size ({c.contrast_batch_size}) exceeds the "
+                      f"{len(pairs)} contrastive pairs of split {c.contrast_split!r}")
+  return pairs
 
 
 def normalize(params: dict, scores: np.ndarray, with_std: bool) -> tuple[dict, dict[str, float]]:
