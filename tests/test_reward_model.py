@@ -251,3 +251,30 @@ def test_a_copied_workdir_keeps_its_reward_model(pipeline_run, tmp_path):
   again = config.copy_and_resolve_references()
   again.stages = "rm"
   assert main.run(again, copy)["accuracy"] == report["accuracy"]  # Reused, not refused.
+
+
+def test_contrastive_pairs_train_with_the_labels(pipeline_run, tmp_path):
+  """rm.contrast_batch_size adds label-free pairs to each step; their settings then determine the
+  model (a change is refused), and without them they play no part (the original run is reused)."""
+  import shutil
+  config, workdir, report = pipeline_run
+  unused = config.copy_and_resolve_references()
+  unused.stages, unused.rm.contrast_weight = "rm", 5.0  # Off (batch size 0): nothing to refuse.
+  assert main.run(unused, workdir)["accuracy"] == report["accuracy"]
+
+  copy = str(tmp_path / "contrast")
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("rm"))
+  bad = config.copy_and_resolve_references()
+  bad.stages, bad.rm.contrast_batch_size, bad.rm.contrast_split = "rm", 4, "nope"
+  with pytest.raises(ConfigError, match="rm.contrast_split"):
+    main.run(bad, copy)
+  with_pairs = config.copy_and_resolve_references()
+  with_pairs.stages, with_pairs.rm.contrast_batch_size = "rm", 4
+  main.run(with_pairs, copy)
+  with open(f"{copy}/rm/metrics.jsonl") as f:
+    last = [json.loads(line) for line in f][-1]
+  assert last["train/loss"] == pytest.approx(last["train/preference_loss"]
+                                             + last["train/contrast_loss"], rel=1e-5)
+  with_pairs.rm.contrast_weight = 0.5
+  with pytest.raises(ConfigError, match="rm/model"):
+    main.run(with_pairs, copy)
