@@ -6,9 +6,11 @@ each query sees. The result is [B,T,H,Dh] in q's dtype; the output projection st
 
 `ModelConfig.attention` picks the implementation (`attend` dispatches):
   "reference": the whole [B,H,T,S] float32 score matrix at once; the only one with dropout.
-  "chunked": the same math over blocks of `attention_chunk` queries in a `lax.map`, each block
-    rematerialised in the backward pass, so memory peaks at B x H x chunk x S instead of
-    B x H x T x S. Plain XLA: runs anywhere.
+  "chunked": the same math over blocks of `attention_chunk` queries, each block rematerialised in
+    the backward pass, so memory peaks at B x H x chunk x S instead of B x H x T x S. In causal
+    self-attention (`causal`: the model's uncached forward) block i attends only to the keys up to
+    its last query, skipping the blocks above the diagonal: about half the score FLOPs and memory
+    traffic at long T. Plain XLA: runs anywhere.
   "splash": the Pallas TPU splash-attention kernel (flash attention: no score matrix in memory at
     all, and causally masked blocks skipped). TPU only.
 A KV-cache step (`heads_major`) never uses splash: its queries sit at an offset in the cache.
@@ -16,6 +18,7 @@ A KV-cache step (`heads_major`) never uses splash: its queries sit at an offset 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -32,10 +35,12 @@ _SPLASH_BLOCKS = (512, 256, 128)  # Tile sizes tried, largest first (multiples o
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig, *,
-           heads_major: bool = False, rng: jax.Array | None = None) -> jax.Array:
-  """Attention by `cfg.attention`; `rng` drives dropout on the probabilities (reference only)."""
+           heads_major: bool = False, causal: bool = False,
+           rng: jax.Array | None = None) -> jax.Array:
+  """Attention by `cfg.attention`; `rng` drives dropout on the probabilities (reference only).
+  `causal` promises that `allowed` never lets query t see a key after position t (T == S)."""
   if cfg.attention == "chunked":
-    return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major)
+    return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major, causal=causal)
   if cfg.attention == "splash" and not heads_major:
     # Uncached self-attention: `allowed` is causal AND key-is-real, so its last row is the key mask.
     return splash(q, k, v, allowed[:, -1, :])
@@ -61,16 +66,25 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
 
 
 def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk: int, *,
-            heads_major: bool = False) -> jax.Array:
+            heads_major: bool = False, causal: bool = False) -> jax.Array:
   """`reference` (without dropout) over blocks of `chunk` queries, one at a time.
 
-  Each block takes its full softmax over all S keys, so results match the reference up to rounding.
-  The block is a `jax.checkpoint`, so the backward pass recomputes its probabilities rather than
-  keeping all T/chunk of them. T is padded up to a multiple of `chunk` with queries that see no key.
+  Each block takes its softmax over all the keys it may see, so results match the reference up to
+  rounding. The block is a `jax.checkpoint`, so the backward pass recomputes its probabilities
+  rather than keeping all T/chunk of them. Without `causal`, the blocks run in a `lax.map` over all
+  S keys, T padded up to a multiple of `chunk` with queries that see no key; with it, block i
+  (queries [i*chunk, (i+1)*chunk)) sees only keys [0, (i+1)*chunk): the masked keys after it would
+  add exactly zero probability. (A query that sees no key at all, left padding, averages the values
+  it was given, which now differ by block: such outputs are never read.)
   """
   b, t, h, dh = q.shape
   if t <= chunk:
     return reference(q, k, v, allowed, heads_major=heads_major)
+  if causal and not heads_major:
+    block = jax.checkpoint(functools.partial(reference, heads_major=False))
+    return jnp.concatenate([block(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
+                                  allowed[:, i:i + chunk, :i + chunk])
+                            for i in range(0, t, chunk)], 1)
   n = -(-t // chunk)
   pad = n * chunk - t
   q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, dh)

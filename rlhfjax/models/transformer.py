@@ -182,11 +182,12 @@ def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
 
 
 def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
-            cfg: ModelConfig, rng: jax.Array | None, heads_major: bool) -> jax.Array:
+            cfg: ModelConfig, rng: jax.Array | None, heads_major: bool,
+            causal: bool = False) -> jax.Array:
   """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`)
   by the kernel `cfg.attention` names (see models/attention.py), then the output projection."""
   dt = q.dtype
-  out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, rng=rng)
+  out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal, rng=rng)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt))
   if cfg.variant == "gpt2":
     out = out + p["o_bias"].astype(dt)
@@ -282,7 +283,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
     q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg)
     if kv is None:  # Attend over the tokens themselves.
-      h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False)
+      h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, causal=True)
       kv = (k, v) if keep_kv else None
     else:  # Write this call's keys/values at their slots, then attend over the whole cache.
       start = (0, 0, cache_index, 0)

@@ -1,0 +1,195 @@
+"""The rlhfjax side of the peer comparison: the same works, shapes and settings as torch_side.py.
+
+  python bench/peers/jax_side.py --work {sample,prefill,rm,ppo,peak} [--json OUT] [--repeats 3]
+
+The model is the GPT-2 shape of the comparison (4 layers, d_model 256, 4 heads, d_ff 1024, vocab
+2,000, float32, random weights); `--attention` picks the kernel (models/attention.py). Each work is
+compiled and run once untimed, then timed `--repeats` times; the best (minimum) seconds per call
+count, as on the PyTorch side. Beside the time, each work reports its model FLOPs (analytic: 2 per
+matmul parameter per token forward, 6 forward + backward, plus attention's 4 * layers * d_model *
+attended keys forward per token, PaLM's accounting with causal attention counted in full) and the
+FLOP/s achieved. `peak` times a jitted 2048^3 float32 matmul: the roofline that the fraction of
+peak is taken against (compare/run.py measures it in the same run). Asserts nothing.
+
+- sample: 64 prompts x 512 tokens, left-padded (real lengths 128-512), + 48 sampled tokens at
+  temperature 1, eos disabled: `sampling.sample`, the whole call.
+- prefill: the same call with 1 new token.
+- rm: one `reward_model.train_step` (Bradley-Terry, AdamW, clip 1.0) on 16 pairs of 512 + 48
+  tokens: 32 sequences of 560 in one forward pass.
+- ppo: one `ppo.train_step` on 16 episodes of 512 + 48 tokens (experience with policy, reference,
+  value and reward models, then 4 epochs of one 16-episode minibatch, separate value network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from throughput import load_config, matmul_params  # noqa: E402  (bench/ is not a package)
+
+from rlhfjax.algorithms import ppo  # noqa: E402
+from rlhfjax.algorithms import reward_model  # noqa: E402
+from rlhfjax.models import heads  # noqa: E402
+from rlhfjax.models import sampling  # noqa: E402
+from rlhfjax.models import transformer  # noqa: E402
+from rlhfjax.models.config import ModelConfig  # noqa: E402
+from rlhfjax.training import optimizer  # noqa: E402
+from rlhfjax.training.state import TrainState  # noqa: E402
+
+BATCH, PROMPT, NEW = 64, 512, 48
+PAIRS, EPISODES, EPOCHS = 16, 16, 4
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
+                      "tldr_sim.py")
+
+
+def model_config(attention: str) -> ModelConfig:
+  return ModelConfig(variant="gpt2", vocab_size=2000, d_model=256, n_layers=4, n_heads=4,
+                     n_kv_heads=4, d_ff=1024, max_len=1024, tie_embeddings=True, dtype="float32",
+                     param_dtype="float32", attention=attention)
+
+
+def best_seconds(fn, repeats: int) -> tuple[float, list[float]]:
+  """Minimum wall time of `repeats` calls after one untimed (compiling) call."""
+  jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return min(times), times
+
+
+def forward_flops(cfg: ModelConfig, tokens: int, keys: int) -> float:
+  """Forward FLOPs of `tokens` tokens that each attend to `keys` keys (LM head included)."""
+  return tokens * (2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * keys)
+
+
+def left_padded_prompts(rng: np.random.Generator, n: int, cfg: ModelConfig):
+  prompts = rng.integers(4, cfg.vocab_size, (n, PROMPT), dtype=np.int32)
+  lengths = rng.integers(PROMPT // 4, PROMPT + 1, n)
+  mask = np.arange(PROMPT)[None, :] >= (PROMPT - lengths)[:, None]
+  prompts[~mask] = 0
+  return prompts, mask
+
+
+def work_sample(cfg: ModelConfig, repeats: int, new: int) -> dict:
+  rng = np.random.default_rng(0)
+  params = transformer.init(jax.random.key(0), cfg)
+  prompts, mask = left_padded_prompts(rng, BATCH, cfg)
+  scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0, eos_id=-1, pad_id=0)
+  best, times = best_seconds(
+      lambda: sampling.sample(params, prompts, mask, jax.random.key(1), cfg, scfg).tokens, repeats)
+  # Prefill: every prompt slot; decode step i: one token over PROMPT + i + 1 cache slots (the
+  # sampler's cache has a fixed PROMPT + new slots, all computed).
+  flops = forward_flops(cfg, BATCH * PROMPT, PROMPT) + forward_flops(cfg, BATCH * (new - 1),
+                                                                     PROMPT + new)
+  return {"seconds": best, "all": times, "flops": flops, "batch": BATCH, "prompt": PROMPT,
+          "new": new, "tokens_per_s": BATCH * new / best,
+          "prompt_tokens_per_s": BATCH * PROMPT / best}
+
+
+def work_rm(cfg: ModelConfig, repeats: int) -> dict:
+  rng = np.random.default_rng(0)
+  params = {"backbone": transformer.init(jax.random.key(0), cfg),
+            "head": heads.init_scalar_head(jax.random.key(1), cfg.d_model)}
+  prompts, mask = left_padded_prompts(rng, PAIRS, cfg)
+  batch = {"prompt": prompts, "prompt_mask": mask,
+           "chosen": rng.integers(4, cfg.vocab_size, (PAIRS, NEW), dtype=np.int32),
+           "chosen_mask": np.ones((PAIRS, NEW), bool),
+           "rejected": rng.integers(4, cfg.vocab_size, (PAIRS, NEW), dtype=np.int32),
+           "rejected_mask": np.ones((PAIRS, NEW), bool)}
+  config = load_config(CONFIG)
+  tx = optimizer.adamw(config.rm, 1000)
+  step = jax.jit(functools.partial(reward_model.train_step, cfg=cfg, tx=tx), donate_argnums=0)
+  state = [TrainState.create(params, tx)]
+
+  def call():
+    state[0], m = step(state[0], batch)
+    return m["train/loss"]
+
+  best, times = best_seconds(call, repeats)
+  seq = PROMPT + NEW
+  tokens = 2 * PAIRS * seq
+  return {"seconds": best, "all": times, "flops": 3 * forward_flops(cfg, tokens, seq),
+          "sequences": 2 * PAIRS, "seq": seq, "tokens_per_s": tokens / best}
+
+
+def work_ppo(cfg: ModelConfig, repeats: int) -> dict:
+  rng = np.random.default_rng(0)
+  config = load_config(CONFIG)
+  c = config.ppo
+  c.update(rollout_batch=EPISODES, minibatch_size=EPISODES, epochs=EPOCHS, value_model="separate")
+  keys = jax.random.split(jax.random.key(0), 3)
+  policy = transformer.init(keys[0], cfg)
+  reward = {"backbone": transformer.init(keys[1], cfg),
+            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
+  tx = ppo.adamw(c)
+  params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
+  state = [ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                        kl_coef=jnp.asarray(c.kl_coef, jnp.float32))]
+  step = jax.jit(functools.partial(ppo.train_step, cfg=cfg, c=c, tx=tx, eos_id=1),
+                 donate_argnums=0)
+  prompts, mask = left_padded_prompts(rng, EPISODES, cfg)
+  response = rng.integers(4, cfg.vocab_size, (EPISODES, NEW), dtype=np.int32)
+  batch = {"prompt": prompts, "prompt_mask": mask, "response": response,
+           "response_mask": np.ones((EPISODES, NEW), bool)}
+
+  def call():
+    state[0], m = step(state[0], policy, reward, batch, jax.random.key(2))
+    return m
+
+  best, times = best_seconds(call, repeats)
+  seq = PROMPT + NEW
+  fwd = forward_flops(cfg, EPISODES * seq, seq)
+  # Experience: policy, reference, value and reward forwards; each epoch: policy and value
+  # forward + backward.
+  return {"seconds": best, "all": times, "flops": fwd * (4 + 2 * 3 * EPOCHS),
+          "episodes": EPISODES, "epochs": EPOCHS, "episodes_per_s": EPISODES / best}
+
+
+def work_peak(repeats: int, n: int = 2048) -> dict:
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  best, times = best_seconds(lambda: f(a), max(repeats, 5))
+  return {"seconds": best, "all": times, "flops": 2.0 * n**3, "n": n}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--work", required=True, choices=("sample", "prefill", "rm", "ppo", "peak"))
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--attention", default="reference")
+  ap.add_argument("--json", default="")
+  args = ap.parse_args()
+  cfg = model_config(args.attention)
+  if args.work == "sample":
+    out = work_sample(cfg, args.repeats, NEW)
+  elif args.work == "prefill":
+    out = work_sample(cfg, args.repeats, 1)
+  elif args.work == "rm":
+    out = work_rm(cfg, args.repeats)
+  elif args.work == "ppo":
+    out = work_ppo(cfg, args.repeats)
+  else:
+    out = work_peak(args.repeats)
+  out = {"work": args.work, "side": "rlhfjax", "attention": args.attention,
+         "jax": jax.__version__, "device": jax.devices()[0].device_kind, **out,
+         "gflops": out["flops"] / out["seconds"] / 1e9}
+  print(f"rlhfjax {args.work}: {out['seconds'] * 1e3:.1f} ms best of {args.repeats} "
+        f"({out['gflops']:.1f} GFLOP/s)")
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

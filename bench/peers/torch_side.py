@@ -1,0 +1,266 @@
+"""PyTorch/transformers side of the speed comparison: the same works, timed in eager PyTorch (CPU).
+
+  .venv-peers/bin/python bench/peers/torch_side.py --work {sample,prefill,rm,ppo} [--json OUT]
+      [--repeats 3] [--small]
+
+Model: `transformers.GPT2Config(vocab_size=2000, n_positions=1024, n_embd=256, n_layer=4, n_head=4,
+n_inner=1024, gelu_new, no dropout, tied embeddings)`, random init, float32, default attention
+implementation (sdpa; reported in the JSON). Token ids are random in [4, 2000) from a seeded numpy
+generator, pad id 0, no eos (every new token counts). Threads: $PEER_THREADS (default 2).
+
+Works (one call of each is what gets timed; `--small` shrinks every shape for smoke tests):
+  sample   `model.generate` on 64 left-padded prompts x 512 (real lengths in [128, 512]),
+           do_sample, temperature 1, no top-k/top-p, exactly 48 new tokens, KV cache.
+           Reports tokens/s = 64 * 48 / seconds.
+  prefill  the same prompts, `generate` with exactly 1 new token (prefill + first token).
+           Reports prompt tokens/s = 64 * 512 / seconds.
+  rm       one Bradley-Terry reward-model step: GPT2Model + Linear(256, 1) read at the last real
+           token (right padding, real lengths in [400, 560]); 16 pairs = 32 sequences x 560 in one
+           forward, loss -logsigmoid(r_chosen - r_rejected).mean(), backward, clip_grad_norm 1.0,
+           AdamW step (lr 3e-4, betas 0.9/0.95, eps 1e-8, wd 0), zero_grad.
+           Reports tokens/s = 32 * 560 / seconds (padding included).
+  ppo      one PPO update on 16 episodes of a 512-token left-padded prompt (real lengths in
+           [128, 512]) + 48 random response tokens, the "old TRL" recipe (TRL PPOTrainer 0.4-0.7 /
+           lm-human-preference-details) with a separate value network:
+           (a) no-grad experience: policy and frozen reference log-probs of the response tokens,
+               value model (GPT2Model + per-token Linear) at the response positions, frozen reward
+               model (GPT2Model + Linear at the last token) score;
+           (b) rewards -0.05 * (logp - ref_logp), score added at the last token; GAE (gamma 1,
+               lam 0.95); returns = advantages + values; advantages whitened;
+           (c) 4 epochs x 1 minibatch of all 16: clipped surrogate (0.2) + 0.1 * clipped value loss
+               (0.2), backward, clip_grad_norm 1.0 over policy + value, one AdamW step, zero_grad.
+           Reports episodes/s = 16 / seconds.
+Log-probs/values at response token t come from position t-1 (positions P-1 .. P+R-2); the LM head is
+applied only there (`logits_to_keep`). Position ids follow the attention mask (left padding).
+
+One untimed warm-up call, then `--repeats` timed calls; the best (minimum) is reported.
+Prints one line; asserts nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+
+PAD = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  n_layer: int = 4
+  batch: int = 64          # sample / prefill prompts
+  prompt: int = 512        # prompt length (left-padded)
+  min_prompt: int = 128    # shortest real prompt
+  new: int = 48            # new tokens (sample) / response tokens (ppo)
+  rm_pairs: int = 16
+  rm_len: int = 560
+  rm_min_len: int = 400
+  episodes: int = 16       # ppo
+
+
+FULL = Shapes()
+SMALL = Shapes(n_layer=2, batch=4, prompt=32, min_prompt=8, new=8, rm_pairs=2, rm_len=64,
+               rm_min_len=40, episodes=4)
+
+
+def gpt2_config(shapes: Shapes) -> transformers.GPT2Config:
+  return transformers.GPT2Config(
+      vocab_size=2000, n_positions=1024, n_embd=256, n_layer=shapes.n_layer, n_head=4, n_inner=1024,
+      activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+      tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=PAD)
+
+
+def left_padded(rng: np.random.Generator, batch: int, length: int,
+                min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+  """Random prompts, real length in [min_len, length], padded on the left: (ids, mask) [batch, length]."""
+  ids = torch.from_numpy(rng.integers(4, 2000, (batch, length))).long()
+  real = rng.integers(min_len, length + 1, batch)
+  mask = torch.from_numpy(np.arange(length)[None, :] >= (length - real)[:, None]).long()
+  return ids * mask + PAD * (1 - mask), mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+  return (mask.cumsum(1) - 1).clamp(min=0)
+
+
+class Scalar(torch.nn.Module):
+  """GPT2Model backbone + Linear(n_embd, 1): per-token values, or one score read at `index`."""
+
+  def __init__(self, config: transformers.GPT2Config):
+    super().__init__()
+    self.backbone = transformers.GPT2Model(config)
+    self.head = torch.nn.Linear(config.n_embd, 1)
+
+  def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    h = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+    return self.head(h).squeeze(-1)  # [B, T]
+
+  def at(self, ids: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    h = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
+    return self.head(h[torch.arange(h.shape[0]), index]).squeeze(-1)  # [B]
+
+
+def generate_work(shapes: Shapes, new: int) -> tuple[Callable[[], None], dict]:
+  """`generate` on left-padded prompts with exactly `new` sampled tokens (new=1: prefill)."""
+  model = transformers.GPT2LMHeadModel(gpt2_config(shapes)).eval()
+  ids, mask = left_padded(np.random.default_rng(0), shapes.batch, shapes.prompt, shapes.min_prompt)
+
+  def call() -> None:
+    with torch.inference_mode():
+      out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                           top_p=1.0, max_new_tokens=new, min_new_tokens=new, use_cache=True,
+                           pad_token_id=PAD, eos_token_id=None)
+    assert out.shape == (shapes.batch, shapes.prompt + new), out.shape
+
+  return call, {"batch": shapes.batch, "prompt_len": shapes.prompt, "new_tokens": new,
+                "attn_implementation": model.config._attn_implementation}
+
+
+def sample_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
+  call, info = generate_work(shapes, shapes.new)
+  return call, {**info, "rate_name": "tokens/s", "rate_numerator": shapes.batch * shapes.new}
+
+
+def prefill_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
+  call, info = generate_work(shapes, 1)
+  return call, {**info, "rate_name": "prompt tokens/s",
+                "rate_numerator": shapes.batch * shapes.prompt}
+
+
+def rm_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
+  """One Bradley-Terry step on `rm_pairs` pairs (chosen and rejected in one forward)."""
+  config = gpt2_config(shapes)
+  model = Scalar(config).train()
+  opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+  rng = np.random.default_rng(0)
+  n, length = 2 * shapes.rm_pairs, shapes.rm_len
+  real = torch.from_numpy(rng.integers(shapes.rm_min_len, length + 1, n)).long()
+  mask = (torch.arange(length)[None, :] < real[:, None]).long()
+  ids = torch.from_numpy(rng.integers(4, 2000, (n, length))).long() * mask
+
+  def call() -> None:
+    r = model.at(ids, mask, real - 1)
+    loss = -F.logsigmoid(r[:shapes.rm_pairs] - r[shapes.rm_pairs:]).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad()
+
+  return call, {"pairs": shapes.rm_pairs, "sequences": n, "seq_len": length,
+                "attn_implementation": config._attn_implementation,
+                "rate_name": "tokens/s", "rate_numerator": n * length}
+
+
+def response_logprobs(policy: transformers.GPT2LMHeadModel, ids: torch.Tensor, mask: torch.Tensor,
+                      resp_len: int) -> torch.Tensor:
+  """log p(response token t) from the logits at positions P-1 .. P+R-2: [B, R]."""
+  logits = policy(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
+                  logits_to_keep=resp_len + 1).logits[:, :-1]
+  return torch.gather(F.log_softmax(logits, -1), 2, ids[:, -resp_len:, None]).squeeze(-1)
+
+
+def whiten(x: torch.Tensor) -> torch.Tensor:
+  return (x - x.mean()) * torch.rsqrt(x.var() + 1e-8)
+
+
+def ppo_work(shapes: Shapes, epochs: int = 4, kl_coef: float = 0.05, gamma: float = 1.0,
+             lam: float = 0.95, cliprange: float = 0.2, cliprange_value: float = 0.2,
+             vf_coef: float = 0.1) -> tuple[Callable[[], None], dict]:
+  """One PPO update (experience + `epochs` full-batch steps) on `episodes` fixed episodes."""
+  config = gpt2_config(shapes)
+  policy = transformers.GPT2LMHeadModel(config).train()
+  ref = copy.deepcopy(policy).eval().requires_grad_(False)
+  value = Scalar(config).train()
+  reward = Scalar(config).eval().requires_grad_(False)
+  params = [*policy.parameters(), *value.parameters()]
+  opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+  rng = np.random.default_rng(0)
+  R = shapes.new
+  prompt, pmask = left_padded(rng, shapes.episodes, shapes.prompt, shapes.min_prompt)
+  ids = torch.cat([prompt, torch.from_numpy(rng.integers(4, 2000, (shapes.episodes, R))).long()], 1)
+  mask = torch.cat([pmask, torch.ones(shapes.episodes, R, dtype=torch.long)], 1)
+
+  def values_of(m: Scalar) -> torch.Tensor:
+    return m(ids, mask)[:, -R - 1:-1]  # value of the state before each response token
+
+  def call() -> None:
+    with torch.no_grad():  # (a) experience
+      logp = response_logprobs(policy, ids, mask, R)
+      ref_logp = response_logprobs(ref, ids, mask, R)
+      values = values_of(value)
+      score = reward.at(ids, mask, torch.full((shapes.episodes,), ids.shape[1] - 1))
+      rewards = -kl_coef * (logp - ref_logp)  # (b) rewards, GAE, whitening
+      rewards[:, -1] += score
+      last, advs = torch.zeros_like(score), []
+      for t in reversed(range(R)):
+        next_v = values[:, t + 1] if t + 1 < R else torch.zeros_like(score)
+        last = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last
+        advs.append(last)
+      advantages = torch.stack(advs[::-1], 1)
+      returns = advantages + values
+      advantages = whiten(advantages)
+    for _ in range(epochs):  # (c) one minibatch of all episodes per epoch
+      ratio = torch.exp(response_logprobs(policy, ids, mask, R) - logp)
+      pg_loss = torch.max(-advantages * ratio,
+                          -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)).mean()
+      vpred = values_of(value)
+      vclipped = values + (vpred - values).clamp(-cliprange_value, cliprange_value)
+      vf_loss = 0.5 * torch.max((vpred - returns) ** 2, (vclipped - returns) ** 2).mean()
+      (pg_loss + vf_coef * vf_loss).backward()
+      torch.nn.utils.clip_grad_norm_(params, 1.0)
+      opt.step()
+      opt.zero_grad()
+
+  return call, {"episodes": shapes.episodes, "prompt_len": shapes.prompt, "response_len": R,
+                "epochs": epochs, "attn_implementation": config._attn_implementation,
+                "rate_name": "episodes/s", "rate_numerator": shapes.episodes}
+
+
+WORKS = {"sample": sample_work, "prefill": prefill_work, "rm": rm_work, "ppo": ppo_work}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--work", required=True, choices=sorted(WORKS))
+  ap.add_argument("--json", default="", help="also write the numbers here")
+  ap.add_argument("--repeats", type=int, default=3)
+  ap.add_argument("--small", action="store_true", help="tiny shapes, for smoke tests")
+  args = ap.parse_args()
+
+  torch.set_num_threads(int(os.environ.get("PEER_THREADS", "2")))
+  torch.manual_seed(0)
+  torch.set_default_dtype(torch.float32)
+  shapes = SMALL if args.small else FULL
+  call, info = WORKS[args.work](shapes)
+  call()  # warm-up, untimed
+  times = []
+  for _ in range(args.repeats):
+    start = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - start)
+  best = min(times)
+  rate = info["rate_numerator"] / best
+  result = {"work": args.work, "seconds": best, "all": times, "rate": rate,
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(), "small": args.small, "n_layer": shapes.n_layer,
+            **info}
+  print(f"torch {args.work}: best {best:.4f} s/call over {args.repeats} "
+        f"({rate:.1f} {info['rate_name']}; threads {result['threads']}, "
+        f"{info['attn_implementation']}{', small' if args.small else ''})")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
