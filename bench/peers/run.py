@@ -53,6 +53,7 @@ def main() -> None:
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--torch-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
   ap.add_argument("--attention", default="reference", help="rlhfjax's attention kernel")
+  ap.add_argument("--chunk", type=int, default=128, help="queries per block of 'chunked'")
   ap.add_argument("--json", default="")
   args = ap.parse_args()
   if not os.path.exists(args.torch_python):
@@ -64,14 +65,15 @@ def main() -> None:
   for work in args.works.split(","):
     torch = run_side(args.torch_python, "torch_side.py", work, args.repeats, args.threads, [])
     jax = run_side(sys.executable, "jax_side.py", work, args.repeats, args.threads,
-                   ["--attention", args.attention])
+                   ["--attention", args.attention, "--chunk", str(args.chunk)])
     rows.append({"work": work, "torch": torch, "rlhfjax": jax,
                  "speedup": torch["seconds"] / jax["seconds"],
                  "fraction_of_peak": jax["flops"] / jax["seconds"] / peak_flops})
 
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, {args.threads} "
         f"threads; matmul peak {peak_flops / 1e9:.0f} GFLOP/s (jitted 2048^3 float32, this run); "
-        f"rlhfjax attention '{args.attention}'")
+        f"rlhfjax attention '{args.attention}'"
+        + (f" (blocks of {args.chunk})" if args.attention == "chunked" else ""))
   print("| work | PyTorch stack | rlhfjax | rlhfjax / PyTorch | rlhfjax GFLOP/s | of peak |")
   print("|---|---|---|---|---|---|")
   for r in rows:
