@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
                  n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=192, head_dim=0,
                  tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, dropout=0.0,
-                 dtype="float32", param_dtype="float32", remat=False, scan_layers=True,
+                 dtype="float32", param_dtype="float32", remat=False, scan_layers=False,
                  attention="reference", attention_chunk=512)
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).

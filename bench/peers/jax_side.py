@@ -3,8 +3,9 @@
   python bench/peers/jax_side.py --work {sample,prefill,rm,ppo,peak} [--json OUT] [--repeats 3]
 
 The model is the GPT-2 shape of the comparison (4 layers, d_model 256, 4 heads, d_ff 1024, vocab
-2,000, float32, random weights); `--attention` picks the kernel (models/attention.py) and
-`--chunk` its block size. Each work is
+2,000, float32, random weights) with the settings for long sequences on a CPU: `--attention
+chunked` in blocks of `--chunk` 128 queries (causal blocks skipped) and the layers unrolled
+(`--scan-layers` scans them, as TPU configs with many layers do). Each work is
 compiled and run once untimed, then timed `--repeats` times; the best (minimum) seconds per call
 count, as on the PyTorch side. Beside the time, each work reports its model FLOPs (analytic: 2 per
 matmul parameter per token forward, 6 forward + backward, plus attention's 4 * layers * d_model *
@@ -52,10 +53,11 @@ CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "c
                       "tldr_sim.py")
 
 
-def model_config(attention: str, chunk: int) -> ModelConfig:
+def model_config(attention: str, chunk: int, scan_layers: bool) -> ModelConfig:
   return ModelConfig(variant="gpt2", vocab_size=2000, d_model=256, n_layers=4, n_heads=4,
                      n_kv_heads=4, d_ff=1024, max_len=1024, tie_embeddings=True, dtype="float32",
-                     param_dtype="float32", attention=attention, attention_chunk=chunk)
+                     param_dtype="float32", attention=attention, attention_chunk=chunk,
+                     scan_layers=scan_layers)
 
 
 def best_seconds(fn, repeats: int) -> tuple[float, list[float]]:
@@ -168,11 +170,12 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--work", required=True, choices=("sample", "prefill", "rm", "ppo", "peak"))
   ap.add_argument("--repeats", type=int, default=3)
-  ap.add_argument("--attention", default="reference")
+  ap.add_argument("--attention", default="chunked")
   ap.add_argument("--chunk", type=int, default=128, help="queries per block of 'chunked'")
+  ap.add_argument("--scan-layers", action="store_true", help="layers as a lax.scan")
   ap.add_argument("--json", default="")
   args = ap.parse_args()
-  cfg = model_config(args.attention, args.chunk)
+  cfg = model_config(args.attention, args.chunk, args.scan_layers)
   if args.work == "sample":
     out = work_sample(cfg, args.repeats, NEW)
   elif args.work == "prefill":
@@ -184,6 +187,7 @@ def main() -> None:
   else:
     out = work_peak(args.repeats)
   out = {"work": args.work, "side": "rlhfjax", "attention": args.attention, "chunk": args.chunk,
+         "scan_layers": args.scan_layers,
          "jax": jax.__version__, "device": jax.devices()[0].device_kind, **out,
          "gflops": out["flops"] / out["seconds"] / 1e9}
   print(f"rlhfjax {args.work}: {out['seconds'] * 1e3:.1f} ms best of {args.repeats} "

@@ -52,8 +52,9 @@ def main() -> None:
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--torch-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))
-  ap.add_argument("--attention", default="reference", help="rlhfjax's attention kernel")
+  ap.add_argument("--attention", default="chunked", help="rlhfjax's attention kernel")
   ap.add_argument("--chunk", type=int, default=128, help="queries per block of 'chunked'")
+  ap.add_argument("--scan-layers", action="store_true", help="rlhfjax's layers as a lax.scan")
   ap.add_argument("--json", default="")
   args = ap.parse_args()
   if not os.path.exists(args.torch_python):
@@ -65,7 +66,8 @@ def main() -> None:
   for work in args.works.split(","):
     torch = run_side(args.torch_python, "torch_side.py", work, args.repeats, args.threads, [])
     jax = run_side(sys.executable, "jax_side.py", work, args.repeats, args.threads,
-                   ["--attention", args.attention, "--chunk", str(args.chunk)])
+                   ["--attention", args.attention, "--chunk", str(args.chunk)]
+                   + (["--scan-layers"] if args.scan_layers else []))
     rows.append({"work": work, "torch": torch, "rlhfjax": jax,
                  "speedup": torch["seconds"] / jax["seconds"],
                  "fraction_of_peak": jax["flops"] / jax["seconds"] / peak_flops})
@@ -73,7 +75,8 @@ def main() -> None:
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, {args.threads} "
         f"threads; matmul peak {peak_flops / 1e9:.0f} GFLOP/s (jitted 2048^3 float32, this run); "
         f"rlhfjax attention '{args.attention}'"
-        + (f" (blocks of {args.chunk})" if args.attention == "chunked" else ""))
+        + (f" (blocks of {args.chunk})" if args.attention == "chunked" else "")
+        + (", layers scanned" if args.scan_layers else ", layers unrolled"))
   print("| work | PyTorch stack | rlhfjax | rlhfjax / PyTorch | rlhfjax GFLOP/s | of peak |")
   print("|---|---|---|---|---|---|")
   for r in rows:

@@ -18,7 +18,6 @@ A KV-cache step (`heads_major`) never uses splash: its queries sit at an offset 
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -81,10 +80,7 @@ def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk:
   if t <= chunk:
     return reference(q, k, v, allowed, heads_major=heads_major)
   if causal and not heads_major:
-    block = jax.checkpoint(functools.partial(reference, heads_major=False))
-    return jnp.concatenate([block(q[:, i:i + chunk], k[:, :i + chunk], v[:, :i + chunk],
-                                  allowed[:, i:i + chunk, :i + chunk])
-                            for i in range(0, t, chunk)], 1)
+    return _causal_blocks(q, k, v, allowed, chunk)
   n = -(-t // chunk)
   pad = n * chunk - t
   q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, dh)
@@ -97,6 +93,29 @@ def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk:
 
   out = jax.lax.map(block, (q.swapaxes(0, 1), allowed.swapaxes(0, 1)))  # [n,B,chunk,H,Dh]
   return out.swapaxes(0, 1).reshape(b, n * chunk, h, dh)[:, :t]
+
+
+def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+                   chunk: int) -> jax.Array:
+  """`chunked` for causal self-attention: block i of queries against keys [0, (i+1)*chunk), in a
+  heads-major layout ([B,KV,G,T,Dh] queries, [B,KV,S,Dh] keys and values, transposed once), where
+  every score and mixing matmul is a plain batched matmul: on CPU about 1.4x faster than the
+  token-major einsums of `reference` (bench/peers)."""
+  b, t, h, dh = q.shape
+  kv_heads = k.shape[2]
+  q = q.reshape(b, t, kv_heads, h // kv_heads, dh).transpose(0, 2, 3, 1, 4)
+  k, v = k.transpose(0, 2, 1, 3).astype(q.dtype), v.transpose(0, 2, 1, 3).astype(q.dtype)
+
+  @jax.checkpoint
+  def block(q, k, v, allowed):
+    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k).astype(jnp.float32) / math.sqrt(dh)
+    probs = jax.nn.softmax(jnp.where(allowed[:, None, None], scores, _NEG_INF), -1)
+    return jnp.einsum("bkgts,bksd->bkgtd", probs.astype(q.dtype), v)
+
+  out = jnp.concatenate([block(q[:, :, :, i:i + chunk], k[:, :, :i + chunk], v[:, :, :i + chunk],
+                               allowed[:, i:i + chunk, :i + chunk])
+                         for i in range(0, t, chunk)], 3)
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax.Array:
