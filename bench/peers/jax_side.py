@@ -10,8 +10,9 @@ compiled and run once untimed, then timed `--repeats` times; the best (minimum) 
 count, as on the PyTorch side. Beside the time, each work reports its model FLOPs (analytic: 2 per
 matmul parameter per token forward, 6 forward + backward, plus attention's 4 * layers * d_model *
 attended keys forward per token, PaLM's accounting with causal attention counted in full) and the
-FLOP/s achieved. `peak` times a jitted 2048^3 float32 matmul: the roofline that the fraction of
-peak is taken against (compare/run.py measures it in the same run). Asserts nothing.
+FLOP/s achieved. `peak` times a jitted 2048^3 float32 matmul (bench/throughput.py's
+`matmul_peak`): the roofline the fraction of peak is taken against; run.py measures it in the same
+run. Asserts nothing.
 
 - sample: 64 prompts x 512 tokens, left-padded (real lengths 128-512), + 48 sampled tokens at
   temperature 1, eos disabled: `sampling.sample`, the whole call.
@@ -36,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from throughput import load_config, matmul_params  # noqa: E402  (bench/ is not a package)
+from throughput import load_config, matmul_params, matmul_peak  # noqa: E402  (bench/ is not a package)
 
 from rlhfjax.algorithms import ppo  # noqa: E402
 from rlhfjax.algorithms import reward_model  # noqa: E402
@@ -159,11 +160,10 @@ def work_ppo(cfg: ModelConfig, repeats: int) -> dict:
           "episodes": EPISODES, "epochs": EPOCHS, "episodes_per_s": EPISODES / best}
 
 
-def work_peak(repeats: int, n: int = 2048) -> dict:
-  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-  f = jax.jit(lambda x: x @ x)
-  best, times = best_seconds(lambda: f(a), max(repeats, 5))
-  return {"seconds": best, "all": times, "flops": 2.0 * n**3, "n": n}
+def work_peak(n: int = 2048) -> dict:
+  """bench/throughput.py's measured float32 matmul peak, as a work report."""
+  flops = 2.0 * n**3
+  return {"seconds": flops / matmul_peak(n), "all": [], "flops": flops, "n": n}
 
 
 def main() -> None:
@@ -185,7 +185,7 @@ def main() -> None:
   elif args.work == "ppo":
     out = work_ppo(cfg, args.repeats)
   else:
-    out = work_peak(args.repeats)
+    out = work_peak()
   out = {"work": args.work, "side": "rlhfjax", "attention": args.attention, "chunk": args.chunk,
          "scan_layers": args.scan_layers,
          "jax": jax.__version__, "device": jax.devices()[0].device_kind, **out,
