@@ -10,7 +10,8 @@ compiled and run once untimed, then timed `--repeats` times; the best (minimum) 
 count, as on the PyTorch side. Beside the time, each work reports its model FLOPs (analytic: 2 per
 matmul parameter per token forward, 6 forward + backward, plus attention's 4 * layers * d_model *
 attended keys forward per token, PaLM's accounting with causal attention counted in full) and the
-FLOP/s achieved. `peak` times a jitted 2048^3 float32 matmul (bench/throughput.py's
+FLOP/s achieved, and the least FLOPs any implementation needs (`least_flops`: causal attention's
+half of the score matrix): with the peak, a bound on how fast either side can be. `peak` times a jitted 2048^3 float32 matmul (bench/throughput.py's
 `matmul_peak`): the roofline the fraction of peak is taken against; run.py measures it in the same
 run. Asserts nothing.
 
@@ -72,7 +73,7 @@ def best_seconds(fn, repeats: int) -> tuple[float, list[float]]:
   return min(times), times
 
 
-def forward_flops(cfg: ModelConfig, tokens: int, keys: int) -> float:
+def forward_flops(cfg: ModelConfig, tokens: int, keys: float) -> float:
   """Forward FLOPs of `tokens` tokens that each attend to `keys` keys (LM head included)."""
   return tokens * (2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * keys)
 
@@ -96,8 +97,11 @@ def work_sample(cfg: ModelConfig, repeats: int, new: int) -> dict:
   # sampler's cache has a fixed PROMPT + new slots, all computed).
   flops = forward_flops(cfg, BATCH * PROMPT, PROMPT) + forward_flops(cfg, BATCH * (new - 1),
                                                                      PROMPT + new)
-  return {"seconds": best, "all": times, "flops": flops, "batch": BATCH, "prompt": PROMPT,
-          "new": new, "tokens_per_s": BATCH * new / best,
+  # The least: causal prefill attends over half its keys; decode step i only over its real ones.
+  least = forward_flops(cfg, BATCH * PROMPT, PROMPT / 2) + forward_flops(cfg, BATCH * (new - 1),
+                                                                         PROMPT + new / 2)
+  return {"seconds": best, "all": times, "flops": flops, "least_flops": least, "batch": BATCH,
+          "prompt": PROMPT, "new": new, "tokens_per_s": BATCH * new / best,
           "prompt_tokens_per_s": BATCH * PROMPT / best}
 
 
@@ -124,7 +128,8 @@ def work_rm(cfg: ModelConfig, repeats: int) -> dict:
   seq = PROMPT + NEW
   tokens = 2 * PAIRS * seq
   return {"seconds": best, "all": times, "flops": 3 * forward_flops(cfg, tokens, seq),
-          "sequences": 2 * PAIRS, "seq": seq, "tokens_per_s": tokens / best}
+          "least_flops": 3 * forward_flops(cfg, tokens, seq / 2), "sequences": 2 * PAIRS,
+          "seq": seq, "tokens_per_s": tokens / best}
 
 
 def work_ppo(cfg: ModelConfig, repeats: int) -> dict:
@@ -156,7 +161,9 @@ def work_ppo(cfg: ModelConfig, repeats: int) -> dict:
   fwd = forward_flops(cfg, EPISODES * seq, seq)
   # Experience: policy, reference, value and reward forwards; each epoch: policy and value
   # forward + backward.
-  return {"seconds": best, "all": times, "flops": fwd * (4 + 2 * 3 * EPOCHS),
+  passes = 4 + 2 * 3 * EPOCHS
+  return {"seconds": best, "all": times, "flops": fwd * passes,
+          "least_flops": forward_flops(cfg, EPISODES * seq, seq / 2) * passes,
           "episodes": EPISODES, "epochs": EPOCHS, "episodes_per_s": EPISODES / best}
 
 

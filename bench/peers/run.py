@@ -7,7 +7,9 @@ Each work runs in its own fresh process, PyTorch side first, then rlhfjax, one a
 both at once), with the same thread count (`--threads`, default 2: torch.set_num_threads on one side,
 the CPU client's default on the other) and glibc's malloc thresholds raised for both (large buffers
 are reused rather than returned to the kernel on every step). The matmul peak is measured in the
-same run, and each rlhfjax work is reported as FLOP/s and fraction of that peak. Absolute times
+same run, and each rlhfjax work is reported as FLOP/s and fraction of that peak; "ratio at the
+peak" is the PyTorch time over the time the work's least FLOPs (causal attention halved) take at
+that peak: the ratio no float32 implementation can pass on this machine. Absolute times
 depend on the machine; the ratios are the result. Asserts nothing.
 """
 
@@ -70,22 +72,26 @@ def main() -> None:
                    + (["--scan-layers"] if args.scan_layers else []))
     rows.append({"work": work, "torch": torch, "rlhfjax": jax,
                  "speedup": torch["seconds"] / jax["seconds"],
-                 "fraction_of_peak": jax["flops"] / jax["seconds"] / peak_flops})
+                 "fraction_of_peak": jax["flops"] / jax["seconds"] / peak_flops,
+                 # No implementation does the work faster than its least FLOPs at the peak: the
+                 # highest ratio over this PyTorch time that any float32 code could reach here.
+                 "ceiling": torch["seconds"] / (jax["least_flops"] / peak_flops)})
 
   print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, {args.threads} "
         f"threads; matmul peak {peak_flops / 1e9:.0f} GFLOP/s (jitted 2048^3 float32, this run); "
         f"rlhfjax attention '{args.attention}'"
         + (f" (blocks of {args.chunk})" if args.attention == "chunked" else "")
         + (", layers scanned" if args.scan_layers else ", layers unrolled"))
-  print("| work | PyTorch stack | rlhfjax | rlhfjax / PyTorch | rlhfjax GFLOP/s | of peak |")
-  print("|---|---|---|---|---|---|")
+  print("| work | PyTorch stack | rlhfjax | rlhfjax / PyTorch | rlhfjax GFLOP/s | of peak "
+        "| ratio at the peak |")
+  print("|---|---|---|---|---|---|---|")
   for r in rows:
     key, unit = UNITS[r["work"]]
     t, j = r["torch"], r["rlhfjax"]
     tv = t["rate"]  # torch_side.py reports its works' rate under one name.
     print(f"| {r['work']} | {t['seconds'] * 1e3:.0f} ms ({tv:.1f} {unit}) | "
           f"{j['seconds'] * 1e3:.0f} ms ({j[key]:.1f} {unit}) | {r['speedup']:.2f}x | "
-          f"{j['gflops']:.1f} | {100 * r['fraction_of_peak']:.0f}% |")
+          f"{j['gflops']:.1f} | {100 * r['fraction_of_peak']:.0f}% | {r['ceiling']:.2f}x |")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump({"peak_flops": peak_flops, "threads": args.threads, "rows": rows}, f, indent=2)
