@@ -119,6 +119,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                eps=1e-5, weight_decay=0.0, grad_clip=1.0,
                log_every=1, eval_every=10, eval_examples=256)
 
+  # The critic-free online methods, at PPO's label and compute budget (the same reward model,
+  # steps x rollout_batch = 3,840 episodes, AdamW at PPO's settings); each samples k responses per
+  # prompt (rollout_batch / k prompts an iteration) and scores them like PPO (penalize_no_eos).
+  online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
+                no_eos_score=-1.0, lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0,
+                b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0, log_every=1,
+                eval_every=10, eval_examples=256)
+  # RLOO (Ahmadian et al.; TRL's defaults k=2, kl_coef 0.05 as sequence KL in the reward, clipped
+  # sequence ratio with cliprange 0.2; TRL runs 4 epochs, here PPO's 2 x minibatch 16).
+  c.rloo = dict(online, k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=16,
+                normalize_advantages=False)
+  # GRPO (Shao et al.: beta 0.04 with the k3 KL in the loss, cliprange 0.2, rewards normalised
+  # per group, loss_type 'grpo' = per-sequence token means; k 8 as TRL's num_generations).
+  # scale_rewards: group | batch | none; loss_type: grpo | bnpo | dr_grpo; kl_estimator: k3 | k1;
+  # kl_in: loss | reward.
+  c.grpo = dict(online, k=8, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
+                scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=16)
+  # Online DPO (Guo et al.; TRL's beta 0.1, sigmoid loss): two fresh samples per prompt, judged by
+  # the reward model ('rm') or an annotator (train_pool, eval_pool, single, gold, file:PATH), then
+  # one DPO step per iteration against the SFT reference (lr as offline DPO's).
+  c.online_dpo = dict(online, judge="rm", beta=0.1, loss_type="sigmoid", label_smoothing=0.0,
+                      lr=1e-4)
+
   # Best-of-N: n SFT samples at `temperature` (by default the evaluation's, so best-of-1 is the SFT
   # row of the leaderboard), the RM picks; the curve covers n = 1, 2, 4, ..., n.
   c.best_of_n = dict(n=16, temperature=c.eval.get_ref("temperature"), batch_size=256)
@@ -187,6 +210,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
+    for block in (c.rloo, c.grpo, c.online_dpo):
+      block.update(steps=2, rollout_batch=8, eval_every=2, eval_examples=8)
+    c.rloo.update(minibatch_size=4)
+    c.grpo.update(k=4, minibatch_size=4)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
     c.dpo.update(batch_size=8, warmup_steps=1, log_every=2)

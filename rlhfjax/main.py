@@ -27,23 +27,44 @@ from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
 from rlhfjax.algorithms import feedme
+from rlhfjax.algorithms import grpo
+from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import quark
 from rlhfjax.algorithms import reward_conditioning
 from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import rloo
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import leaderboard
+from rlhfjax.evaluation import rm_report
+from rlhfjax.evaluation import sft_report
 from rlhfjax.feedback import label
 from rlhfjax.parallel import distributed
 from rlhfjax.parallel import memory
 from rlhfjax.parallel import preemption
 
+
+
+def _then(*stages: Callable) -> Callable:
+  """One task made of stages run in order (training, then its report); returns the last result."""
+  def task(config, workdir: str):
+    for stage in stages:
+      result = stage(config, workdir)
+    return result
+  return task
+
+
+# Algorithms train and save; the evaluation modules report on what they saved (lower floors never
+# import higher ones, so the composition lives here).
 TASKS: dict[str, Callable] = {
-    "sft": sft.run,
+    "sft": _then(sft.run, sft_report.run),
     "label": label.run,
-    "rm": reward_model.run,
+    "rm": _then(reward_model.run, rm_report.run),
     "ppo": ppo.run,
+    "rloo": rloo.run,
+    "grpo": grpo.run,
+    "online_dpo": online_dpo.run,
     "best_of_n": best_of_n.run,
     "expert_iteration": expert_iteration.run,
     "dpo": dpo.run,

@@ -1,4 +1,4 @@
-"""Runs SFT, reward-model, PPO and DPO training steps on meshes of 8 forced CPU devices and writes,
+"""Runs SFT, reward-model, PPO, DPO, RLOO, GRPO and online DPO training steps on meshes of 8 forced CPU devices and writes,
 per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte counts (`<out>/bytes.json`).
 
 Started by tests/test_parallel.py in its own process, because the device count is fixed when JAX
@@ -15,10 +15,11 @@ import json  # noqa: E402
 import types  # noqa: E402
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlhfjax.algorithms import dpo, ppo, reward_model, sft  # noqa: E402
+from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reward_model, rloo, sft  # noqa: E402
 from rlhfjax.models import heads, transformer  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
 from rlhfjax.parallel import memory  # noqa: E402
@@ -41,6 +42,17 @@ PPO = ml_collections.ConfigDict(dict(
     cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
     value_model="separate"))
 DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
+ONLINE = dict(temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0)
+CRITIC_FREE = {
+    "rloo": (rloo, ml_collections.ConfigDict(dict(
+        **ONLINE, k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=4,
+        normalize_advantages=False))),
+    "grpo": (grpo, ml_collections.ConfigDict(dict(
+        **ONLINE, k=4, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
+        scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=4))),
+    "online_dpo": (online_dpo, ml_collections.ConfigDict(dict(
+        **ONLINE, beta=0.1, loss_type="sigmoid", label_smoothing=0.0))),
+}
 
 
 def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
@@ -116,6 +128,19 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[d
     state, m = step(state, ref, rows(d, pair_keys))
     losses.setdefault("dpo", []).append(float(m["train/loss"]))
   params["dpo"] = to_host(state.params)
+
+  # The critic-free online methods: policy {'policy'} from the reference, frozen reward model.
+  for name, (module, c) in CRITIC_FREE.items():
+    state, sh = par.train_state(lambda p: fresh({"policy": jax.tree.map(jnp.copy, p)}),
+                                {"policy": policy_axes}, tx, ref)
+    step = par.jit(functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS),
+                   (sh, sh.params["policy"], par.shardings(rm_axes, rm), par.batch,
+                    par.replicated), (sh, par.replicated), (0,))
+    loss_key = {"rloo": "loss/policy_avg", "grpo": "loss/policy", "online_dpo": "loss/dpo"}[name]
+    for i, d in enumerate(data):
+      state, m = step(state, ref, rm, rows(d, lm_keys), jax.random.fold_in(key, 20 + i))
+      losses.setdefault(name, []).append(float(m[loss_key]))
+    params[name] = to_host(state.params)
 
   p = memory.param_bytes(CFG, par.mesh)
   bytes_.update(params_total=p["total"], plan_params=p["per_device"],

@@ -11,6 +11,7 @@ from rlhfjax.algorithms import best_of_n
 from rlhfjax.evaluation import leaderboard
 from rlhfjax.evaluation import length_control
 from rlhfjax.evaluation import winrate
+from rlhfjax.feedback import annotators
 
 
 def test_best_of_n_analytic_kl():
@@ -54,7 +55,7 @@ class _Fixed:
 
 
 def test_wins_against_counts_the_first_response():
-  wins = winrate.wins_against(_Fixed([0, 1, 0]), [None] * 3, ["x"] * 3, ["r"] * 3, None)
+  wins = annotators.wins_against(_Fixed([0, 1, 0]), [None] * 3, ["x"] * 3, ["r"] * 3, None)
   np.testing.assert_array_equal(wins, [1.0, 0.0, 1.0])
 
 

@@ -22,7 +22,7 @@ from rlhfjax.training import checkpoint, loop, metrics
 from rlhfjax.training.state import TrainState
 
 MESHES = ("8x1x1", "1x8x1", "2x2x2", "1x2x4")
-ALGORITHMS = ("sft", "rm", "ppo", "dpo")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "rloo", "grpo", "online_dpo")
 
 
 def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():

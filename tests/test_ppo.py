@@ -108,12 +108,6 @@ def test_whitening_ignores_padding():
   assert float(ppo.masked_mean(kept, mask)) == pytest.approx(3.0, rel=1e-4)
 
 
-def test_missing_eos_penalty():
-  response = jnp.array([[5, EOS, PAD], [5, 6, 7]])
-  out = ppo.penalize_missing_eos(jnp.array([0.3, 0.9]), response, EOS, -1.0)
-  np.testing.assert_allclose(out, [0.3, -1.0])
-
-
 def _models(seed=0):
   k = jax.random.split(jax.random.key(seed), 3)
   policy = transformer.init(k[0], CFG)

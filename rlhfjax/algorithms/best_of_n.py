@@ -22,8 +22,9 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
-from rlhfjax.evaluation import outputs
-from rlhfjax.evaluation import policies
+from rlhfjax.rollout import engine
+from rlhfjax.rollout import heldout
+from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 
@@ -37,7 +38,7 @@ def candidates(exp: experiment.Experiment, params: Any, examples: Sequence[world
                temperature: float, rng: jax.Array, batch_size: int) -> list[list[str]]:
   """`n` independent samples per example: [len(examples)][n]."""
   repeated = [e for e in examples for _ in range(n)]
-  texts, _ = policies.sample_texts(exp, params, repeated, rng, temperature, batch_size)
+  texts, _ = engine.sample_texts(exp, params, repeated, rng, temperature, batch_size)
   return [texts[i * n:(i + 1) * n] for i in range(len(examples))]
 
 
@@ -76,9 +77,9 @@ def run(config, workdir: str) -> dict[str, Any]:
   for n in powers_of_two(c.n):
     texts = best_of(cands, scores, n)
     point = {"n": n, "kl": analytic_kl(n), "rm_score": float(scores[:, :n].max(1).mean()),
-             **policies.judge(exp, examples, texts, rng)}
+             **heldout.judge(exp, examples, texts, rng)}
     curve.append(point)
-    metrics_lib.info(f"best-of-{n}: {policies.describe(point)}")
+    metrics_lib.info(f"best-of-{n}: {heldout.describe(point)}")
   experiment.write_json(f"{exp.task_dir('best_of_n')}/curve.json", curve)
   outputs.save(exp, "best_of_n", examples, best_of(cands, scores, c.n), analytic_kl(c.n), n=c.n,
                temperature=c.temperature)

@@ -22,7 +22,7 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
-from rlhfjax.evaluation import outputs
+from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 

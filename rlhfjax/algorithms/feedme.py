@@ -12,8 +12,8 @@ from typing import Any
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
-from rlhfjax.evaluation import outputs
 from rlhfjax.feedback import records
+from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any
 
 import flax.struct
@@ -34,22 +33,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlhfjax.algorithms import online
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
-from rlhfjax.data import gold
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
-from rlhfjax.evaluation import outputs
-from rlhfjax.evaluation import policies
 from rlhfjax.models import heads
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.rollout import engine
+from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
-from rlhfjax.training import loop
-from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -107,12 +103,6 @@ def token_rewards(scores: jax.Array, kl: jax.Array, mask: jax.Array,
   last = heads.last_token_index(mask)
   at_last = jax.nn.one_hot(last, mask.shape[1], dtype=kl.dtype) * scores[:, None]
   return jnp.where(mask, -kl_coef * kl + at_last, 0.0)
-
-
-def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
-                         penalty_score: float) -> jax.Array:
-  """Scores with `penalty_score` in place of the reward of every response that has no eos."""
-  return jnp.where((response == eos_id).any(-1), scores, penalty_score)
 
 
 def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: float,
@@ -180,9 +170,8 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
   m = batch["response_mask"]
   logp, entropy, values = _policy_and_values(params, batch, cfg, c.temperature)
   ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
-  raw = reward_model.score(reward_params, batch, cfg)
-  scores = (penalize_missing_eos(raw, batch["response"], eos_id, c.no_eos_score)
-            if c.penalize_no_eos else raw)
+  scores, raw = engine.rewards_at_eos(reward_params, batch, cfg, eos_id,
+                                      c.no_eos_score if c.penalize_no_eos else None)
   kl = logp - ref_logp
   rewards = token_rewards(scores, kl, m, kl_coef)
   adv, returns = gae(rewards, values, m, c.gamma, c.lam)
@@ -306,7 +295,7 @@ def _meta(exp: experiment.Experiment) -> dict:
 
 def train(exp: experiment.Experiment) -> PPOState:
   """Runs (or resumes) PPO in `<workdir>/ppo`."""
-  config, c = exp.config, exp.config.ppo
+  c = exp.config.ppo
   check_config(c)
   cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
   ref_params = sft.load_policy(exp)
@@ -324,69 +313,7 @@ def train(exp: experiment.Experiment) -> PPOState:
                     (shardings, shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
-  examples = exp.splits["unlabeled"]
-  with_gold = world.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
-  prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
-  eval_examples = exp.splits["validation"][:c.eval_examples]
-  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
-  # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
-  curve_temperature = outputs.kl_temperature(exp)
-  key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
-
-  task_dir = exp.task_dir("ppo")
-  ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
-                                 config.checkpoint.keep)
-  writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = _meta(exp)
-  state = loop.restore_if_any(ckpt, state, meta)
-  start = int(state.step)
-  timing = {"generate": 0.0, "total": 0.0}
-
-  def one_step(state, step):
-    t0 = time.perf_counter()
-    idx = pipeline.batch_indices(len(examples), c.rollout_batch, config.seed, step)
-    k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    batch = policies.sample_batch(state.params["policy"], par.put_batch(prompts, idx), k_sample,
-                                  exp, c.temperature)
-    jax.block_until_ready(batch)
-    t1 = time.perf_counter()
-    state, m = step_fn(state, ref_params, reward_params, batch, k_update)
-    m = {k: float(v) for k, v in m.items()}
-    if with_gold:
-      m["objective/gold"] = float(gold.gold_rewards([examples[i] for i in idx],
-                                                    policies.decode(exp, batch["response"])).mean())
-    t2 = time.perf_counter()
-    timing["generate"] += t1 - t0
-    timing["total"] += t2 - t0
-    m["time/generation_share"] = timing["generate"] / timing["total"]
-    m["time/episodes_per_s"] = (step + 1 - start) * c.rollout_batch / timing["total"]
-    return state, m
-
-  def held_out(params) -> dict[str, float]:
-    """One point of the over-optimisation curve, on the same posts and rng every time."""
-    return policies.curve_point(exp, params, ref_params, eval_examples, eval_key,
-                                curve_temperature, c.rollout_batch, reward_fn)
-
-  def periodic(state, done, m) -> dict[str, float]:
-    out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
-    if done % c.eval_every == 0 or done == c.steps:
-      point = held_out(state.params["policy"])
-      out.update({f"eval/{k}": v for k, v in point.items()})
-      rollout = {"rm_score": m["objective/scores"], "kl": m["objective/kl"]}
-      if with_gold:
-        rollout["gold"] = m["objective/gold"]
-      metrics_lib.info(f"ppo step {done}: {policies.describe(rollout)} | held out: "
-                       f"{policies.describe(point)}")
-    return out
-
-  if start == 0:  # The curve's first point: the SFT policy itself.
-    writer.write(0, {f"eval/{k}": v for k, v in held_out(state.params["policy"]).items()})
-  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
-                   c.rollout_batch * (config.format.prompt_len + config.format.response_len),
-                   "ppo", meta)
-  writer.close()
-  ckpt.close()
-  return state
+  return online.train(exp, "ppo", state, step_fn, ref_params, reward_params, _meta(exp))
 
 
 def param_axes(cfg: ModelConfig, value_model: str = "separate") -> dict:

@@ -28,12 +28,12 @@ from rlhfjax.data import gold
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
-from rlhfjax.evaluation import outputs
-from rlhfjax.evaluation import policies
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import to_host
+from rlhfjax.rollout import engine
+from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -101,8 +101,8 @@ def run(config, workdir: str) -> Any:
   def one_round(state, r):
     idx = pipeline.batch_indices(len(examples), c.prompts_per_round, config.seed, r)
     round_key = jax.random.fold_in(key, r)
-    parts = [(policies.sample_batch(state.params, b, jax.random.fold_in(round_key, i), exp,
-                                    c.temperature), n)
+    parts = [(engine.sample_batch(state.params, b, jax.random.fold_in(round_key, i), exp,
+                                  c.temperature), n)
              for i, (b, n) in enumerate(pipeline.fixed_batches(pipeline.take(controlled, idx),
                                                                c.sample_batch_size))]
     response = np.concatenate([to_host(p["response"])[:n] for p, n in parts])
@@ -121,7 +121,7 @@ def run(config, workdir: str) -> Any:
     m = {k: float(v) for k, v in m.items()}
     m.update({"quark/score": float(scores.mean()), "quark/pool_score": float(scores[keep].mean())})
     if with_gold:
-      texts = policies.decode(exp, response)
+      texts = engine.decode(exp, response)
       m["quark/gold"] = float(gold.gold_rewards([examples[i] for i in idx], texts).mean())
     shown = f"  gold {m['quark/gold']:.3f}" if with_gold else ""
     metrics_lib.info(f"quark round {r + 1}: RM score {m['quark/score']:.3f} (pool "

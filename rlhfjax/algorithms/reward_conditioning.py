@@ -15,8 +15,8 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
-from rlhfjax.evaluation import outputs
 from rlhfjax.feedback import records
+from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 
 TASK = "reward_conditioning"

@@ -25,10 +25,8 @@ so that the reference summaries (or the SFT samples) of the PREF posts score mea
 normalised model is saved in `<workdir>/rm/model` with the offsets in its metadata, and every later
 stage reads rewards from it.
 
-Reported: train/val accuracy on the (noisy) labels it was trained on, accuracy against the noiseless
-evaluation pool and against the gold argmax (gold ties excluded), the mean margin, the length-only
-heuristic beside it, that agreement split by the gold component that decides each pair (an
-omission, a wrong fact, ...), the probe table and the agreement table.
+The score itself is `models/reward.score` (rollouts and every method read it there); the report on
+what the model learned is `evaluation/rm_report.py`, which task=rm runs after this module.
 """
 
 from __future__ import annotations
@@ -47,16 +45,13 @@ from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
-from rlhfjax.evaluation import agreement
-from rlhfjax.evaluation import rm_probes
-from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import contrast
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
-from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.models.reward import score, score_batch  # noqa: F401  (this module's API too)
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -74,19 +69,6 @@ def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.A
   margin = r_chosen - r_rejected
   return {"loss": -jax.nn.log_sigmoid(margin).mean(),
           "accuracy": (margin > 0).astype(jnp.float32).mean(), "margin": margin.mean()}
-
-
-def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "response") -> jax.Array:
-  """The reward [B] of `batch[response]` after `batch['prompt']`: the head read at the last real
-  token, plus, in a model with a likelihood term, its weight times the response's mean token
-  log-probability under the model's own language-model head."""
-  tokens, mask = pipeline.prompt_and(batch, response)
-  hidden, _ = transformer.forward(params["backbone"], tokens, cfg, mask=mask)
-  r = heads.read_last(params["head"], hidden, mask)
-  if LIKELIHOOD in params:
-    logp = policy.mean_response_logprob(params["backbone"], hidden, batch, cfg, response)
-    r = r + params[LIKELIHOOD]["weight"] * logp
-  return r
 
 
 CONTRAST = "contrast_"  # Batch keys of the label-free contrastive pairs (`feedback.contrast`).
@@ -122,10 +104,6 @@ def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
   (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   state = state.apply_gradients(grads, tx)
   return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
-
-
-# `score` jitted once for every caller: the reward of each row of a fixed-shape batch.
-score_batch = jax.jit(score, static_argnames=("cfg", "response"))
 
 
 def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | world.Example],
@@ -350,148 +328,8 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   return params, meta
 
 
-def _examples_of(exp: experiment.Experiment,
-                 comps: Sequence[records.Comparison]) -> list[world.Example] | None:
-  """The simulated examples behind the comparisons, or None when any is not from this world (or
-  the data has no latent situations: real posts share ids with their comparisons)."""
-  by_id = {e.id: e for split in exp.splits.values() for e in split}
-  found = [by_id.get(c.id) for c in comps]
-  return None if any(e is None for e in found) or not world.has_gold(found) else found
-
-
-def _judge(params: dict, exp: experiment.Experiment,
-           comps: Sequence[records.Comparison]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """The reward model's preference (0 prefers response_a, 1 response_b, 0.5 tie) on `comps`, and
-  its margin for each comparison's labelled choice."""
-  posts = pipeline.posts_of(comps)
-  sa = score_texts(params, exp, posts, [x.response_a for x in comps])
-  sb = score_texts(params, exp, posts, [x.response_b for x in comps])
-  labels = np.array([x.choice for x in comps])
-  return agreement.prefer_higher(sa, sb), labels, np.where(labels == 1, sb - sa, sa - sb)
-
-
-def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
-             sft_params: Any) -> dict[str, Any]:
-  """Accuracies, the probe table and the agreement table on the validation pairs."""
-  c = exp.config.rm
-  val_comps = load_comparisons(files["valid"], c.layout)
-  # Training accuracy on as many training pairs as there are held-out ones.
-  train_pref, train_labels, _ = _judge(
-      params, exp, load_comparisons(files["train"], c.layout)[:len(val_comps)])
-  rm_pref, labels, margin = _judge(params, exp, val_comps)
-  a = [x.response_a for x in val_comps]
-  b = [x.response_b for x in val_comps]
-  report: dict[str, Any] = {"pairs": len(val_comps),
-                            "train_accuracy": agreement.agreement(train_pref, train_labels),
-                            "accuracy": agreement.agreement(rm_pref, labels),
-                            "margin": float(margin.mean())}
-  examples = _examples_of(exp, val_comps)
-  if examples is None:
-    metrics_lib.info("validation pairs are not from the simulated world: gold metrics skipped")
-    return report
-  rng = np.random.default_rng([exp.config.seed, 5])
-  pools = annotators.pools(exp.config.annotators)
-  gold_pref = agreement.gold_preference(examples, a, b)
-  eval_labels = pools["eval_pool"].annotate(examples, a, b, rng)
-  report.update({
-      "accuracy_eval_pool": agreement.agreement(rm_pref, eval_labels),
-      "accuracy_gold": agreement.accuracy_against(rm_pref, gold_pref),
-      "gold_ties": float(np.mean(gold_pref == 0.5)),
-      "length_accuracy_gold": agreement.accuracy_against(agreement.length_preference(a, b),
-                                                         gold_pref),
-      "labels_accuracy_gold": agreement.accuracy_against(labels, gold_pref)})
-
-  heuristics = heuristic_preferences(exp, sft_params, examples, a, b)
-  report["likelihood_accuracy_gold"] = agreement.accuracy_against(heuristics["SFT mean log p"],
-                                                                 gold_pref)
-  prefs = {"train pool": labels, "eval pool": eval_labels,
-           "single": pools["single"].annotate(examples, a, b, rng), "gold": gold_pref,
-           "RM": rm_pref, **heuristics}
-  mean, se = agreement.agreement_matrix(prefs, rng, c.bootstrap)
-  report["agreement"] = {"names": list(prefs), "mean": mean.tolist(), "se": se.tolist()}
-  report["by_component"] = agreement.by_component(
-      {"RM": rm_pref, "length": heuristics["length"], "SFT mean log p": heuristics["SFT mean log p"],
-       "training labels": labels}, gold_pref, agreement.deciding_component(examples, a, b))
-
-  probe_examples = exp.splits["test"][:c.probe_examples]
-  report["probes"] = rm_probes.probe_table(
-      lambda ex, texts: score_texts(params, exp, ex, texts), probe_examples, rng)
-  return report
-
-
-def heuristic_preferences(exp: experiment.Experiment, sft_params: Any,
-                          examples: Sequence[world.Example], a: Sequence[str],
-                          b: Sequence[str]) -> dict[str, np.ndarray]:
-  """Preferences of the heuristics in Stiennon et al.'s Table 20: the longer summary, the one that
-  copies more of the post, the higher ROUGE-L against the reference, the higher SFT log-probability;
-  and the higher mean log-probability per token (the likelihood term alone, with no labels)."""
-  logp, mean_logp = sft_log_probs(sft_params, exp, examples, list(a) + list(b))
-  refs = [e.reference for e in examples]
-  return {"length": agreement.length_preference(a, b),
-          "copying": agreement.prefer_higher(*([agreement.copying(t, e.post) for t, e in
-                                                zip(texts, examples)] for texts in (a, b))),
-          "ROUGE-L": agreement.prefer_higher(summaries.rouge_l(a, refs), summaries.rouge_l(b, refs)),
-          "SFT log p": agreement.prefer_higher(logp[:len(a)], logp[len(a):]),
-          "SFT mean log p": agreement.prefer_higher(mean_logp[:len(a)], mean_logp[len(a):])}
-
-
-_logp_fn = jax.jit(policy.response_logprobs, static_argnames="cfg")
-
-
-def sft_log_probs(params: Any, exp: experiment.Experiment,
-                  posts: Sequence[pipeline.Post | world.Example],
-                  texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-  """Total and mean per-token log-probability of each of `texts` under the SFT policy; `texts`
-  holds one or more responses per post, in blocks of `len(posts)`."""
-  fmt = exp.config.format
-  data = {**pipeline.encode_prompts(exp.tokenizer, list(posts) * (len(texts) // len(posts)),
-                                    fmt.prompt_len),
-          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  total, count = [], []
-  for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size):
-    total.append(to_host(_logp_fn(params, b, exp.model)).sum(-1)[:k])
-    count.append(np.asarray(b["response_mask"]).sum(-1)[:k])
-  total, count = np.concatenate(total), np.concatenate(count)
-  return total, total / np.maximum(count, 1)
-
-
-def format_report(report: dict[str, Any]) -> str:
-  lines = [f"Reward model on {report['pairs']} held-out pairs:",
-           f"- accuracy on the labels it learns from (training pool, 25% flipped): "
-           f"{100 * report['accuracy']:.1f}% held out, {100 * report['train_accuracy']:.1f}% on "
-           "training pairs"]
-  if "accuracy_gold" in report:
-    lines += [
-        f"- accuracy on the evaluation pool's (noiseless) labels: "
-        f"{100 * report['accuracy_eval_pool']:.1f}%",
-        f"- agreement with the gold argmax: {100 * report['accuracy_gold']:.1f}% (length-only "
-        f"heuristic: {100 * report['length_accuracy_gold']:.1f}%; the SFT policy's mean token "
-        f"log-probability alone: {100 * report['likelihood_accuracy_gold']:.1f}%; the training "
-        f"labels themselves: "
-        f"{100 * report['labels_accuracy_gold']:.1f}%; gold ties excluded, "
-        f"{100 * report['gold_ties']:.0f}% of pairs)"]
-  lines.append(f"- mean margin (chosen - rejected): {report['margin']:.3f}")
-  if "by_component" in report:
-    lines += ["", "Agreement with gold by what decides the pair (gold ties left out):",
-              agreement.format_by_component(report["by_component"])]
-  if "probes" in report:
-    lines += ["", "Probes (Stiennon et al. Table 18):", rm_probes.format_table(report["probes"])]
-  if "agreement" in report:
-    a = report["agreement"]
-    lines += ["", "Agreement between labelers in % ± bootstrap s.e. (Stiennon et al. Table 20):",
-              agreement.format_matrix(a["names"], np.array(a["mean"]), np.array(a["se"]))]
-  return "\n".join(lines)
-
-
 def run(config, workdir: str) -> dict[str, Any]:
+  """Trains and normalises the reward model (task=rm); `evaluation.rm_report` reports on it."""
   exp = experiment.prepare(config, workdir)
-  files = comparison_files(exp)
-  params, meta = fit(exp, files)
-  report = evaluate(exp, params, files, sft.load_policy(exp))
-  report["normalization"] = meta["normalization"]
-  text = format_report(report)
-  metrics_lib.info("\n" + text)
-  task_dir = exp.task_dir("rm")
-  experiment.write_json(f"{task_dir}/eval.json", report)
-  experiment.write_text(f"{task_dir}/eval.md", text + "\n")
-  return report
+  _, meta = fit(exp, comparison_files(exp))
+  return meta

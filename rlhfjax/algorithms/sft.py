@@ -2,8 +2,9 @@
 
 The loss is the mean negative log-likelihood over summary tokens only (eos included, padding and
 prompt excluded). One jitted pure step; the loop around it logs, validates, checkpoints and resumes.
-At the end the policy summarises the test split and is compared with the reference and the
-extractive baselines on gold reward and ROUGE-L.
+At the end the policy answers the test prompts (`<workdir>/sft/outputs.json`); task=sft then runs
+`evaluation/sft_report.py`, which compares them with the reference and the extractive baselines on
+gold reward and ROUGE-L.
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ import numpy as np
 import optax
 
 from rlhfjax.data import pipeline
-from rlhfjax.evaluation import outputs
-from rlhfjax.evaluation import summaries
 from rlhfjax.models import generate
 from rlhfjax.models import policy
 from rlhfjax.models import pretrained
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -134,12 +134,14 @@ def load_policy(exp: experiment.Experiment, task: str = "sft") -> Any:
   return state.params
 
 
-def evaluate(exp: experiment.Experiment, params: Any) -> dict[str, Any]:
-  """Summarises the test split and reports gold reward and ROUGE-L beside the baselines."""
+def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
+  """Samples the policy on the test prompts at the evaluation's settings and saves the answers as
+  `<workdir>/sft/outputs.json` (with the share that ended with eos); `evaluation/sft_report.py`
+  and task=eval read them."""
   e, rlen = exp.config.eval, exp.config.format.response_len
   if e.num_examples <= 0:
-    return {}
-  examples = exp.splits["test"][:e.num_examples]
+    return []
+  examples = outputs.test_examples(exp)
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
   scfg = sampling.SamplingConfig(max_new_tokens=rlen, temperature=e.temperature, top_k=e.top_k,
                                  top_p=e.top_p, eos_id=exp.tokenizer.eos_id,
@@ -147,25 +149,16 @@ def evaluate(exp: experiment.Experiment, params: Any) -> dict[str, Any]:
   out = generate.generate(params, exp.model, scfg, prompts,
                           jax.random.key(exp.config.seed + 1), e.batch_size)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
-  rows = summaries.summary_table(examples, {"sft": texts, **summaries.baseline_summaries(examples)})
-  table = summaries.format_table(rows)
-  for ex, text in list(zip(examples, texts))[:e.show]:
-    metrics_lib.info(f"\nPOST: {ex.post}\nSFT SAMPLE: {text}\nREFERENCE: {ex.reference}")
-  metrics_lib.info(f"\nSFT samples on {len(examples)} test prompts "
-                   f"(sampling temperature {e.temperature}):\n{table}")
   ended = np.any(out["response"] == exp.tokenizer.eos_id, axis=1)
-  report = {"rows": rows, "ended_with_eos": float(ended.mean()),
-            "samples": [{"id": ex.id, "sample": t, "reference": ex.reference}
-                        for ex, t in zip(examples, texts)]}
-  task_dir = exp.task_dir("sft")
-  outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature)
-  experiment.write_json(f"{task_dir}/eval.json", report)
-  experiment.write_text(f"{task_dir}/eval.md", table + "\n")
-  return report
+  outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature,
+               ended_with_eos=float(ended.mean()))
+  return texts
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str) -> TrainState:
+  """Trains the SFT policy (task=sft) and answers the test prompts with it."""
   exp = experiment.prepare(config, workdir)
   init = pretrained.params(exp.init_from, exp.model) if exp.init_from else None
   state = train(exp, init_params=init)
-  return evaluate(exp, state.params)
+  answer_test_prompts(exp, state.params)
+  return state

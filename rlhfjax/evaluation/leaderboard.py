@@ -37,9 +37,10 @@ from rlhfjax.data import gold
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import length_control
-from rlhfjax.evaluation import outputs
 from rlhfjax.evaluation import winrate
+from rlhfjax.feedback import annotators
 from rlhfjax.feedback import label
+from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 
@@ -108,7 +109,7 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
     examples = [by_id[i] for i in these]
     texts = [o["output"] for o in stored["outputs"]]
     base_texts = [baseline[i] for i in these]
-    wins[method] = winrate.wins_against(judge, examples, texts, base_texts, rng)
+    wins[method] = annotators.wins_against(judge, examples, texts, base_texts, rng)
     row = {"method": _label(method, stored), **winrate.summarize(wins[method], rng),
            **length_controlled(wins[method], texts, base_texts, rng)}
     if world.has_gold(examples):

@@ -1,24 +1,15 @@
 """Win-rates with error bars, the way AlpacaFarm reports them, and a paired test between methods.
 
 A method's outputs and the reference outputs on the same prompts go to an annotator (the evaluation
-pool by default), which sees them in a random order; a win counts 1, a tie 1/2. Reported: the mean,
-its standard error, a percentile-bootstrap 95% interval, and for two methods judged on the same
-prompts a paired sign-flip permutation test of the difference.
+pool by default), which sees them in a random order; a win counts 1, a tie 1/2
+(`feedback.annotators.wins_against`). Reported: the mean, its standard error, a
+percentile-bootstrap 95% interval, and for two methods judged on the same prompts a paired
+sign-flip permutation test of the difference.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
-
-from rlhfjax.data import world
-
-
-def wins_against(annotator, examples: Sequence[world.Example], outputs: Sequence[str],
-                 references: Sequence[str], rng: np.random.Generator) -> np.ndarray:
-  """1.0 where `annotator` prefers the output over the reference, else 0.0."""
-  return (np.asarray(annotator.annotate(examples, outputs, references, rng)) == 0).astype(np.float64)
 
 
 def summarize(wins: np.ndarray, rng: np.random.Generator, n_boot: int = 1000) -> dict[str, float]:

@@ -200,3 +200,9 @@ def build(name: str, cfg: Mapping, reward_model: Callable[[], Annotator] | None 
   if name.startswith("file:"):
     return FileAnnotator(name[len("file:"):], str(cfg.get("file_layout", "openai")))
   raise ConfigError(f"unknown annotator {name!r} (available: {', '.join(POOL_NAMES)}, rm, file:PATH)")
+
+
+def wins_against(annotator: Annotator, examples: Sequence[world.Example], outputs: Sequence[str],
+                 references: Sequence[str], rng: np.random.Generator) -> np.ndarray:
+  """1.0 where `annotator` prefers the output over the reference, else 0.0 (AlpacaFarm's win)."""
+  return (np.asarray(annotator.annotate(examples, outputs, references, rng)) == 0).astype(np.float64)

@@ -17,7 +17,7 @@ from rlhfjax.models.config import ModelConfig
 
 
 # A reward model's optional likelihood term, `{LIKELIHOOD: {'weight': λ}}` beside backbone and head
-# (see algorithms/reward_model.score).
+# (see models/reward.score).
 LIKELIHOOD = "likelihood"
 
 

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from rlhfjax.data import world
-from rlhfjax.evaluation import policies
+from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
 
 
@@ -56,8 +56,8 @@ def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params
   e = exp.config.eval
   examples = test_examples(exp)
   key = jax.random.key(exp.config.seed + 1)
-  texts, _ = policies.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
-                                   top_k=e.top_k, top_p=e.top_p, control=control)
-  _, kl = policies.sample_texts(exp, params, examples, jax.random.fold_in(key, 1),
-                                kl_temperature(exp), e.batch_size, sft_params, control=control)
+  texts, _ = engine.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
+                                 top_k=e.top_k, top_p=e.top_p, control=control)
+  _, kl = engine.sample_texts(exp, params, examples, jax.random.fold_in(key, 1),
+                              kl_temperature(exp), e.batch_size, sft_params, control=control)
   save(exp, method, examples, texts, float(np.mean(kl)), temperature=e.temperature)

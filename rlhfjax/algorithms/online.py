@@ -1,0 +1,222 @@
+"""The loop every online method shares (PPO, RLOO, GRPO, online DPO): sample, step, log, resume.
+
+Each iteration draws `rollout_batch / k` prompts of the unlabeled split (the same prompt order for
+every method and seed), samples `k` responses to each from the current policy through the rollout
+engine at the method's temperature, and hands the batch to the method's jitted step
+`step(state, ref_params, reward_params, batch, rng) -> (state, metrics)`. On the simulated world
+the samples' gold reward is logged beside the step's metrics (`objective/gold`). Every `eval_every`
+iterations the policy answers the same held-out posts and one point of the over-optimisation curve
+(RM score, gold, win-rate, KL to the reference) is logged under `eval/`. Checkpoints, resumption
+and metrics go through `training.loop` like every other task.
+
+Every method's step reports TRL's `objective/scores` (the RM score after the truncation rule) and
+`objective/kl` (the summed per-token KL estimate to the reference); the log line reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import sft
+from rlhfjax.data import gold
+from rlhfjax.data import pipeline
+from rlhfjax.data import world
+from rlhfjax.errors import ConfigError
+from rlhfjax.models import transformer
+from rlhfjax.rollout import engine
+from rlhfjax.rollout import heldout
+from rlhfjax.rollout import outputs
+from rlhfjax.training import checkpoint
+from rlhfjax.training import experiment
+from rlhfjax.training import loop
+from rlhfjax.training import metrics as metrics_lib
+from rlhfjax.training import optimizer
+from rlhfjax.training.state import TrainState
+
+Step = Callable[[Any, Any, Any, pipeline.Batch, jax.Array], tuple[Any, dict[str, jax.Array]]]
+# Host-side labels for a sampled batch (online DPO with an annotator pool): (batch, the examples of
+# its rows, the step) -> extra batch arrays.
+Annotate = Callable[[pipeline.Batch, list, int], dict[str, np.ndarray]]
+_NOT_IN_META = ("log_every", "eval_every", "eval_examples")
+
+
+def check_sampling(task: str, c: Any, k: int, why_two: str = "") -> None:
+  """Clear errors for sampling settings that cannot work: `k` samples per prompt (at least 2 when
+  `why_two` says why), whole groups and whole minibatches per batch, a positive temperature."""
+  if why_two and k < 2:
+    raise ConfigError(f"{task}.k must be >= 2 ({why_two}), got {k}")
+  if k < 1 or c.rollout_batch % k:
+    raise ConfigError(f"{task}.rollout_batch ({c.rollout_batch}) must be a multiple of the "
+                      f"samples per prompt ({k})")
+  if "minibatch_size" in c and c.rollout_batch % c.minibatch_size:
+    raise ConfigError(f"{task}.rollout_batch ({c.rollout_batch}) must be a multiple of "
+                      f"{task}.minibatch_size ({c.minibatch_size})")
+  if c.temperature <= 0:
+    raise ConfigError(f"{task}.temperature must be > 0 (the method samples), got {c.temperature}")
+
+
+def minibatch_updates_per_step(c: Any) -> int:
+  """Optimizer updates per iteration of `epochs` passes over minibatches of the rollout."""
+  return c.epochs * (c.rollout_batch // c.minibatch_size)
+
+
+def meta(exp: experiment.Experiment, task: str) -> dict:
+  """What determines an online run; resuming under other values is refused."""
+  return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
+          task: {k: v for k, v in exp.config[task].items() if k not in _NOT_IN_META}}
+
+
+def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
+               cfg: Any, c: Any, eos_id: int) -> dict[str, jax.Array]:
+  """`engine.experience` of the current policy under the method's sampling and truncation knobs
+  (`temperature`, `penalize_no_eos`, `no_eos_score`)."""
+  return engine.experience(state.params["policy"], ref_params, reward_params, batch, cfg=cfg,
+                           temperature=c.temperature, eos_id=eos_id,
+                           no_eos_score=c.no_eos_score if c.penalize_no_eos else None)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  """Mean of `x` over the entries where `mask` is set (0 when none is)."""
+  return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Array,
+                      loss_fn: Callable, epochs: int, minibatch_size: int,
+                      tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+  """`epochs` passes over shuffled minibatches of the rows of `data` (`lax.scan` over both), one
+  AdamW step on `loss_fn(params, minibatch) -> (loss, stats)` each; the stats averaged."""
+  n = jax.tree.leaves(data)[0].shape[0]
+  k = n // minibatch_size
+
+  def minibatch(state, idx):
+    mb = jax.tree.map(lambda x: x[idx], data)
+    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
+    stats["policy/grad_norm"] = optax.tree.norm(grads)
+    return state.apply_gradients(grads, tx), stats
+
+  def epoch(state, key):
+    return jax.lax.scan(minibatch, state,
+                        jax.random.permutation(key, n)[:k * minibatch_size].reshape(k, -1))
+
+  state, stats = jax.lax.scan(epoch, state, jax.random.split(rng, epochs))
+  return state, jax.tree.map(jnp.mean, stats)
+
+
+def adamw(c: Any, updates_per_step: int) -> optax.GradientTransformation:
+  """AdamW scheduled over every update of every iteration of an online run."""
+  return optimizer.adamw(c, c.steps * updates_per_step)
+
+
+def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
+                 updates_per_step: int, annotate: Annotate | None = None) -> TrainState:
+  """Runs (or resumes) a critic-free online method in `<workdir>/<task>`: the policy (params
+  `{'policy'}`) starts from SFT and trains against the frozen SFT reference and reward model with
+  `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`."""
+  c = exp.config[task]
+  cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
+  ref_params = sft.load_policy(exp)
+  reward_params, _ = reward_model.load(exp)
+  par = exp.parallel
+  par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
+  tx = adamw(c, updates_per_step)
+  # A copy: the trained tree must not alias the frozen reference.
+  make = lambda p: TrainState.create({"policy": jax.tree.map(jnp.copy, p)}, tx)
+  state, shardings = par.train_state(make, {"policy": transformer.param_axes(exp.model)}, tx,
+                                     ref_params)
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
+                    (shardings, shardings.params["policy"],
+                     par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
+                     par.replicated), (shardings, par.replicated), (0,))
+  return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
+               annotate=annotate)
+
+
+def run_policy(config, workdir: str, task: str, train_step: Callable, k: int,
+               updates_per_step: int, annotate: Callable | None = None) -> TrainState:
+  """`train_policy`, then the policy answers the test prompts for task=eval."""
+  exp = experiment.prepare(config, workdir)
+  state = train_policy(exp, task, train_step, k, updates_per_step,
+                       annotate(exp) if annotate else None)
+  outputs.save_policy(exp, task, state.params["policy"], sft.load_policy(exp))
+  return state
+
+
+def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_params: Any,
+          reward_params: Any, meta: dict, *, k: int = 1, annotate: Annotate | None = None) -> Any:
+  """Runs (or resumes) `exp.config[task].steps` iterations of `step_fn` in `<workdir>/<task>`."""
+  config, c = exp.config, exp.config[task]
+  check_sampling(task, c, k)
+  examples = exp.splits["unlabeled"]
+  with_gold = world.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
+  eval_examples = exp.splits["validation"][:c.eval_examples]
+  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
+  curve_temperature = outputs.kl_temperature(exp)
+  key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
+
+  task_dir = exp.task_dir(task)
+  ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
+                                 config.checkpoint.keep)
+  writer = metrics_lib.MetricWriter(task_dir, "metrics")
+  state = loop.restore_if_any(ckpt, state, meta)
+  start = int(state.step)
+  timing = {"generate": 0.0, "total": 0.0}
+
+  def one_step(state, step):
+    t0 = time.perf_counter()
+    idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step)
+    k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
+    batch = engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
+                                k_sample, exp, c.temperature, k=k)
+    rows = [examples[i] for i in idx for _ in range(k)]
+    if annotate is not None:
+      batch.update(exp.parallel.put(annotate(batch, rows, step), exp.parallel.batch))
+    jax.block_until_ready(batch)
+    t1 = time.perf_counter()
+    state, m = step_fn(state, ref_params, reward_params, batch, k_update)
+    m = {name: float(v) for name, v in m.items()}
+    if with_gold:
+      m["objective/gold"] = float(gold.gold_rewards(rows, engine.decode(exp, batch["response"]))
+                                  .mean())
+    t2 = time.perf_counter()
+    timing["generate"] += t1 - t0
+    timing["total"] += t2 - t0
+    m["time/generation_share"] = timing["generate"] / timing["total"]
+    m["time/episodes_per_s"] = (step + 1 - start) * c.rollout_batch / timing["total"]
+    return state, m
+
+  def held_out(params) -> dict[str, float]:
+    """One point of the over-optimisation curve, on the same posts and rng every time."""
+    return heldout.curve_point(exp, params, ref_params, eval_examples, eval_key,
+                               curve_temperature, c.rollout_batch, reward_fn)
+
+  def periodic(state, done, m) -> dict[str, float]:
+    out = dict(m) if done % c.log_every == 0 or done == c.steps else {}
+    if done % c.eval_every == 0 or done == c.steps:
+      point = held_out(state.params["policy"])
+      out.update({f"eval/{name}": v for name, v in point.items()})
+      rollout = {"rm_score": m["objective/scores"], "kl": m["objective/kl"]}
+      if with_gold:
+        rollout["gold"] = m["objective/gold"]
+      metrics_lib.info(f"{task} step {done}: {heldout.describe(rollout)} | held out: "
+                       f"{heldout.describe(point)}")
+    return out
+
+  if start == 0:  # The curve's first point: the SFT policy itself.
+    writer.write(0, {f"eval/{name}": v for name, v in held_out(state.params["policy"]).items()})
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
+                   c.rollout_batch * (config.format.prompt_len + config.format.response_len),
+                   task, meta)
+  writer.close()
+  ckpt.close()
+  return state

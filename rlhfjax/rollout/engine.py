@@ -1,0 +1,120 @@
+"""The rollout engine: prompts in; k responses per prompt, their masks, the policy's and the
+reference's per-token log-probabilities and the reward at eos out. Every online method (PPO, RLOO,
+GRPO, online DPO), every sampling method (best-of-N, expert iteration, Quark) and the evaluation
+draw their samples here.
+
+Truncation (Huang et al., "The N+ implementation details of RLHF with PPO"): a response ends at its
+first eos, which it keeps; every position after it is padding, masked out of log-probs, KL and
+losses. The reward model reads its score at the eos (the last real token). A response that reaches
+`format.response_len` without an eos gets `no_eos_score` in place of its score when
+`penalize_no_eos` is set (lm-human-preferences' rule; TRL's `missing_eos_penalty` subtracts instead).
+
+The k samples of a prompt are adjacent rows: rows g·k … g·k + k − 1 answer prompt g, so group
+statistics (RLOO's leave-one-out baseline, GRPO's group normalisation, online DPO's pairs) reshape
+to [prompts, k].
+
+KL(π ‖ π_ref) is estimated on the policy's own samples at temperature T as the mean over samples of
+Σ_t log π(y_t | ·) − log π_ref(y_t | ·), both at T (the quantity PPO penalises).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlhfjax.data import pipeline
+from rlhfjax.data import world
+from rlhfjax.models import policy
+from rlhfjax.models import reward
+from rlhfjax.models import sampling
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import to_host
+from rlhfjax.training import experiment
+
+
+def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int = 0,
+                    top_p: float = 1.0) -> sampling.SamplingConfig:
+  return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
+                                 temperature=temperature, top_k=top_k, top_p=top_p,
+                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id)
+
+
+def repeat_prompts(prompts: pipeline.Batch, k: int) -> pipeline.Batch:
+  """Each prompt row `k` times, the copies adjacent (rows g·k … g·k + k − 1 are prompt g)."""
+  return prompts if k == 1 else {key: jnp.repeat(v, k, axis=0) for key, v in prompts.items()}
+
+
+def sample_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: experiment.Experiment,
+                 temperature: float, top_k: int = 0, top_p: float = 1.0,
+                 k: int = 1) -> pipeline.Batch:
+  """`k` sampled responses per prompt (padding after the first eos), with their prompts and the
+  response mask: a batch of `k` × prompts rows, each prompt's samples adjacent."""
+  prompts = repeat_prompts({"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"]}, k)
+  out = sampling.sample(params, prompts["prompt"], prompts["prompt_mask"], rng, exp.model,
+                        sampling_config(exp, temperature, top_k, top_p))
+  mask = jnp.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
+  return {"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"],
+          "response": out.tokens, "response_mask": mask}
+
+
+def decode(exp: experiment.Experiment, response: Any) -> list[str]:
+  return [exp.tokenizer.decode(r).strip() for r in to_host(response)]
+
+
+def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, cfg: ModelConfig,
+        temperature: float) -> jax.Array:
+  return (policy.response_logprobs(params, batch, cfg, temperature=temperature)
+          - policy.response_logprobs(ref_params, batch, cfg, temperature=temperature)).sum(-1)
+
+
+_kl_fn = jax.jit(_kl, static_argnames=("cfg", "temperature"))
+
+
+def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[world.Example],
+                 rng: jax.Array, temperature: float, batch_size: int, ref_params: Any = None,
+                 top_k: int = 0, top_p: float = 1.0,
+                 control: str = "") -> tuple[list[str], np.ndarray | None]:
+  """One response per example, and (with `ref_params`) each sample's KL estimate to the reference
+  (only meaningful without top-k/top-p truncation). A `control` code goes before each prompt
+  (the reference then sees the same prompt)."""
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len,
+                                    [control] * len(examples))
+  texts, kls = [], []
+  for i, (b, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
+    batch = sample_batch(params, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
+    texts += decode(exp, batch["response"])[:n]
+    if ref_params is not None:
+      kls.append(to_host(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
+  return texts, (np.concatenate(kls) if kls else None)
+
+
+def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
+                         penalty_score: float) -> jax.Array:
+  """Scores with `penalty_score` in place of the reward of every response that has no eos."""
+  return jnp.where((response == eos_id).any(-1), scores, penalty_score)
+
+
+def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: int,
+                   no_eos_score: float | None) -> tuple[jax.Array, jax.Array]:
+  """(scores, raw scores) [B]: the reward model read at each response's last real token, and the
+  scores after the truncation rule (`no_eos_score` for a response without eos; None: no rule)."""
+  raw = reward.score(reward_params, batch, cfg)
+  if no_eos_score is None:
+    return raw, raw
+  return penalize_missing_eos(raw, batch["response"], eos_id, no_eos_score), raw
+
+
+def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
+               cfg: ModelConfig, temperature: float, eos_id: int,
+               no_eos_score: float | None) -> dict[str, jax.Array]:
+  """What every critic-free online method needs of a sampled batch, in one pure function: per-token
+  log-probs of the policy and the reference at the sampling temperature and the policy's entropy
+  [B, R] (0 at padding), and the reward model's scores at eos [B] (raw and after truncation)."""
+  logp, entropy = policy.response_token_stats(params, batch, cfg, temperature=temperature)
+  ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=temperature)
+  scores, raw = rewards_at_eos(reward_params, batch, cfg, eos_id, no_eos_score)
+  return {"logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
+          "raw_scores": raw}
