@@ -1,14 +1,18 @@
-"""PPO throughput: episodes/s, rollout tokens/s, and the share of each iteration spent generating.
+"""Online RL throughput: PPO's episodes/s beside RLOO's and GRPO's, rollout tokens/s, and the share
+of each iteration spent generating.
 
-  python bench/ppo_speed.py [--config configs/tldr_sim.py] [--iterations 4] [--json out.json]
+  python bench/ppo_speed.py [--config configs/tldr_sim.py] [--methods ppo,rloo,grpo]
+                            [--iterations 4] [--json out.json]
 
 Random policy and reward/value parameters of the config's model (the speed does not depend on the
-weights), the config's `ppo` block (rollout batch, minibatch, epochs) and format. Each iteration is
-what task=ppo does: sample a rollout with the KV-cache sampler, then one jitted `ppo.train_step`
-(experience + all minibatch updates). The first iteration compiles and is not timed. The update's
-model FLOPs (PaLM accounting, as bench/throughput.py: policy and value forward+backward per epoch,
-plus the experience forwards of policy, reference, value and reward) are compared with this
-device's measured matmul peak. Prints numbers; asserts nothing.
+weights), each method's config block (rollout batch, samples per prompt, minibatch, epochs) and
+format. Each iteration is what the task does: sample a rollout with the KV-cache sampler (k samples
+of each of rollout_batch / k prompts), then one jitted `train_step` (experience + all minibatch
+updates). The first iteration compiles and is not timed. The update's model FLOPs (PaLM accounting,
+as bench/throughput.py) are compared with this device's measured matmul peak: PPO runs policy and
+value forward+backward per epoch after the experience forwards of policy, reference, value and
+reward; RLOO and GRPO have no value model (policy forward+backward per epoch after policy,
+reference and reward forwards). Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,47 +27,55 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhfjax.algorithms import grpo
+from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import rloo
 from rlhfjax.models import heads
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.training.state import TrainState
 from throughput import load_config, matmul_params, matmul_peak
 
+EOS = 1
+CRITIC_FREE = {"rloo": rloo, "grpo": grpo}
 
-def main() -> None:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs",
-                                                   "tldr_sim.py"))
-  ap.add_argument("--iterations", type=int, default=4)
-  ap.add_argument("--json", default="", help="also write the numbers here")
-  args = ap.parse_args()
 
-  config = load_config(args.config)
-  c, fmt = config.ppo, config.format
-  cfg = ModelConfig.from_mapping(config.model.to_dict())
-  keys = jax.random.split(jax.random.key(0), 3)
-  policy = transformer.init(keys[0], cfg)
-  reward = {"backbone": transformer.init(keys[1], cfg),
-            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
-  tx = ppo.adamw(c)
-  params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
-  state = ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                       kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
-  eos = 1
-  step = jax.jit(functools.partial(ppo.train_step, cfg=cfg, c=c, tx=tx, eos_id=eos),
-                 donate_argnums=0)
+def setup(method: str, config, cfg: ModelConfig, policy, reward):
+  """(state, jitted step, samples per prompt, forward passes of the update per episode) of one
+  method at its config block's settings."""
+  c = config[method]
+  if method == "ppo":
+    tx = ppo.adamw(c)
+    params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
+    state = ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                         kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
+    step_fn, k, passes = ppo.train_step, 1, 4 + 2 * 3 * c.epochs
+  else:
+    tx = online.adamw(c, online.minibatch_updates_per_step(c))
+    state = TrainState.create({"policy": jax.tree.map(jnp.copy, policy)}, tx)
+    step_fn, k, passes = CRITIC_FREE[method].train_step, c.k, 3 + 3 * c.epochs
+  step = jax.jit(functools.partial(step_fn, cfg=cfg, c=c, tx=tx, eos_id=EOS), donate_argnums=0)
+  return state, step, k, passes
+
+
+def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: int,
+            peak: float) -> dict:
+  c, fmt = config[method], config.format
+  state, step, k, passes = setup(method, config, cfg, policy, reward)
   scfg = sampling.SamplingConfig(max_new_tokens=fmt.response_len, temperature=c.temperature,
-                                 eos_id=eos, pad_id=0)
+                                 eos_id=EOS, pad_id=0)
   rng = np.random.default_rng(0)
   n, plen, rlen = c.rollout_batch, fmt.prompt_len, fmt.response_len
-  prompts = rng.integers(4, cfg.vocab_size, (n, plen), dtype=np.int32)
-  lengths = rng.integers(plen // 2, plen + 1, n)
+  prompts = rng.integers(4, cfg.vocab_size, (n // k, plen), dtype=np.int32)
+  lengths = rng.integers(plen // 2, plen + 1, n // k)
   pmask = np.arange(plen)[None, :] >= (plen - lengths)[:, None]
   prompts[~pmask] = 0
+  prompts, pmask = np.repeat(prompts, k, 0), np.repeat(pmask, k, 0)  # k adjacent samples each.
 
   gen_s, upd_s, tokens = [], [], []
-  for i in range(args.iterations + 1):
+  for i in range(iterations + 1):
     t0 = time.perf_counter()
     out = sampling.sample(state.params["policy"], prompts, pmask, jax.random.key(i), cfg, scfg)
     mask = jnp.arange(rlen)[None] < out.lengths[:, None]
@@ -80,23 +92,47 @@ def main() -> None:
   gen, upd = float(np.mean(gen_s)), float(np.mean(upd_s))
   seq = plen + rlen
   per_token_fwd = 2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * seq
-  # Experience: 4 forwards; update: policy and value forward + backward (3x) per epoch.
-  update_flops = n * seq * per_token_fwd * (4 + 2 * 3 * c.epochs)
+  update_flops = n * seq * per_token_fwd * passes
+  return {"method": method, "rollout_batch": n, "k": k, "episodes_per_s": n / (gen + upd),
+          "rollout_tokens_per_s": float(np.mean(tokens)) / gen,
+          "generation_share": gen / (gen + upd), "generate_s": gen, "update_s": upd,
+          "update_fraction_of_peak": update_flops / upd / peak, "matmul_peak_gflops": peak / 1e9,
+          "epochs": c.epochs, "minibatch_size": c.minibatch_size}
+
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                   "tldr_sim.py"))
+  ap.add_argument("--methods", default="ppo,rloo,grpo")
+  ap.add_argument("--iterations", type=int, default=4)
+  ap.add_argument("--json", default="", help="also write the numbers here")
+  args = ap.parse_args()
+
+  config = load_config(args.config)
+  fmt = config.format
+  cfg = ModelConfig.from_mapping(config.model.to_dict())
+  keys = jax.random.split(jax.random.key(0), 3)
+  policy = transformer.init(keys[0], cfg)
+  reward = {"backbone": transformer.init(keys[1], cfg),
+            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
   peak = matmul_peak()
-  row = {"rollout_batch": n, "episodes_per_s": n / (gen + upd),
-         "rollout_tokens_per_s": float(np.mean(tokens)) / gen,
-         "generation_share": gen / (gen + upd), "generate_s": gen, "update_s": upd,
-         "update_fraction_of_peak": update_flops / upd / peak, "matmul_peak_gflops": peak / 1e9}
-  print(f"model {cfg.variant} d{cfg.d_model} L{cfg.n_layers} V{cfg.vocab_size}; rollout {n} x "
-        f"({plen} + {rlen}) tokens, {c.epochs} epochs of minibatch {c.minibatch_size}; "
-        f"{jax.devices()[0].device_kind} x{jax.device_count()}")
-  print(f"PPO: {row['episodes_per_s']:.1f} episodes/s | generate {gen:.2f} s "
-        f"({row['rollout_tokens_per_s']:.0f} sampled tok/s) + update {upd:.2f} s per iteration | "
-        f"generation share {100 * row['generation_share']:.0f}% | update at "
-        f"{100 * row['update_fraction_of_peak']:.0f}% of the measured {peak / 1e9:.0f} GFLOP/s")
+  print(f"model {cfg.variant} d{cfg.d_model} L{cfg.n_layers} V{cfg.vocab_size}; prompts "
+        f"{fmt.prompt_len} + {fmt.response_len} new tokens; {jax.devices()[0].device_kind} "
+        f"x{jax.device_count()}; matmul peak {peak / 1e9:.0f} GFLOP/s (this run)")
+  rows = []
+  for method in args.methods.split(","):
+    r = measure(method, config, cfg, policy, reward, args.iterations, peak)
+    rows.append(r)
+    print(f"{method}: {r['episodes_per_s']:.1f} episodes/s ({r['rollout_batch']} = "
+          f"{r['rollout_batch'] // r['k']} prompts x {r['k']}, {r['epochs']} epochs of minibatch "
+          f"{r['minibatch_size']}) | generate {r['generate_s']:.2f} s "
+          f"({r['rollout_tokens_per_s']:.0f} sampled tok/s) + update {r['update_s']:.2f} s | "
+          f"generation share {100 * r['generation_share']:.0f}% | update at "
+          f"{100 * r['update_fraction_of_peak']:.0f}% of the peak")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
-      json.dump(row, f, indent=2)
+      json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":

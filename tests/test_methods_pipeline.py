@@ -201,3 +201,91 @@ def test_quark_pool_and_loss(tiny_pipeline):
   assert all(m["quark/pool_score"] >= m["quark/score"] for m in logged.values())
   with open(f"{workdir}/quark/outputs.json") as f:
     assert len(json.load(f)["outputs"]) == config.eval.num_examples
+
+
+ONLINE_NAMES = {
+    "rloo": ("objective/kl", "objective/scores", "objective/rlhf_reward", "policy/approxkl_avg",
+             "policy/clipfrac_avg", "loss/policy_avg", "val/ratio"),
+    "grpo": ("objective/kl", "objective/scores", "reward", "reward_std", "frac_reward_zero_std",
+             "kl", "clip_ratio", "loss/policy"),
+    "online_dpo": ("objective/kl", "objective/scores", "objective/scores_margin",
+                   "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                   "logps/chosen", "logps/rejected", "loss/dpo"),
+}
+
+
+def _online_workdir(tiny_pipeline, tmp_path, name: str) -> str:
+  """A copy of the tiny pipeline's tokenizer, SFT policy and reward model."""
+  _, workdir = tiny_pipeline
+  other = str(tmp_path / name)
+  os.makedirs(other)
+  for part in ("tokenizer.model", "sft", "rm"):
+    src = os.path.join(workdir, part)
+    (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(other, part))
+  return other
+
+
+def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_path):
+  config, _ = tiny_pipeline
+  workdir = _online_workdir(tiny_pipeline, tmp_path, "online")
+  changed = config.copy_and_resolve_references()
+  changed.stages = "rloo,grpo,online_dpo,eval"
+  changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
+  changed.eval.methods = "rloo,grpo,online_dpo"
+  rows = main.run(changed, workdir)
+  assert {r["method"] for r in rows} == {"RLOO", "GRPO", "online DPO"}
+  for task, names in ONLINE_NAMES.items():
+    c = changed[task]
+    logged = metrics_lib.read_jsonl(f"{workdir}/{task}/metrics.jsonl")
+    assert sorted(logged) == list(range(c.steps + 1))
+    for name in names + ("objective/gold", "time/episodes_per_s"):
+      assert name in logged[c.steps], (task, name)
+    assert logged[0]["eval/kl"] == pytest.approx(0.0, abs=1e-5)
+    with open(f"{workdir}/{task}/outputs.json") as f:
+      assert len(json.load(f)["outputs"]) == config.eval.num_examples
+  from rlhfjax.evaluation import leaderboard
+  lines = leaderboard.curves(experiment.prepare(changed, workdir))
+  assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "online DPO (β=0.1)"]
+
+
+def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
+  config, _ = tiny_pipeline
+  answers = {}
+  for run_name in ("straight", "resumed"):
+    workdir = _online_workdir(tiny_pipeline, tmp_path, run_name)
+    changed = config.copy_and_resolve_references()
+    changed.stages = "rloo"
+    changed.checkpoint.update(every=1)
+    if run_name == "resumed":
+      original = checkpoint.Checkpointer.should_save
+
+      def crash_after_1(self, step):
+        if step == 2:
+          self.wait()  # Step 1's asynchronous save completes, then the run dies.
+          raise KeyboardInterrupt
+        return original(self, step)
+
+      checkpoint.Checkpointer.should_save = crash_after_1
+      try:
+        with pytest.raises(KeyboardInterrupt):
+          main.run(changed, workdir)
+      finally:
+        checkpoint.Checkpointer.should_save = original
+      assert checkpoint.latest_step(f"{workdir}/rloo/checkpoints") == 1
+    seen = []
+    original = checkpoint.Checkpointer.should_save
+
+    def record(self, step):
+      seen.append(step)
+      return original(self, step)
+
+    checkpoint.Checkpointer.should_save = record
+    try:
+      main.run(changed, workdir)
+    finally:
+      checkpoint.Checkpointer.should_save = original
+    # The resumed run starts after its checkpoint, not from scratch.
+    assert seen[0] == (2 if run_name == "resumed" else 1), seen
+    with open(f"{workdir}/rloo/outputs.json") as f:
+      answers[run_name] = json.load(f)
+  assert answers["resumed"] == answers["straight"]

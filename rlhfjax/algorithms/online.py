@@ -93,7 +93,9 @@ def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Ar
                       loss_fn: Callable, epochs: int, minibatch_size: int,
                       tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
   """`epochs` passes over shuffled minibatches of the rows of `data` (`lax.scan` over both), one
-  AdamW step on `loss_fn(params, minibatch) -> (loss, stats)` each; the stats averaged."""
+  AdamW step on `loss_fn(params, minibatch) -> (loss, stats)` each; the stats averaged. The
+  state's `step` then counts this iteration once (iterations, not updates: what resuming reads)."""
+  iteration = state.step
   n = jax.tree.leaves(data)[0].shape[0]
   k = n // minibatch_size
 
@@ -108,7 +110,7 @@ def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Ar
                         jax.random.permutation(key, n)[:k * minibatch_size].reshape(k, -1))
 
   state, stats = jax.lax.scan(epoch, state, jax.random.split(rng, epochs))
-  return state, jax.tree.map(jnp.mean, stats)
+  return state.replace(step=iteration + 1), jax.tree.map(jnp.mean, stats)
 
 
 def adamw(c: Any, updates_per_step: int) -> optax.GradientTransformation:

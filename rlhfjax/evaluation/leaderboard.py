@@ -46,7 +46,10 @@ from rlhfjax.training import metrics as metrics_lib
 
 NAMES = {"sft": "SFT", "ppo": "PPO", "best_of_n": "best-of-{n}", "expert_iteration": "expert iteration",
          "quark": "Quark", "feedme": "binary FeedME", "reward_conditioning": "binary reward conditioning",
-         "dpo": "DPO"}
+         "dpo": "DPO", "rloo": "RLOO", "grpo": "GRPO", "online_dpo": "online DPO"}
+# The online methods whose held-out points (`eval/*` in `<task>/metrics.jsonl`) make training curves,
+# with the config key of each one's KL coefficient.
+CURVES = {"ppo": "kl_coef", "rloo": "kl_coef", "grpo": "beta", "online_dpo": "beta"}
 COLUMNS = ("method", "win_rate", "se", "ci_low", "ci_high", "lc_win_rate", "lc_se", "stiennon_lc",
            "stiennon_lc_se", "p_vs_sft", "gold", "length_words", "kl")
 PANELS = (("rm_score", "reward model score"), ("gold", "gold reward"),
@@ -151,9 +154,9 @@ def format_csv(rows: list[dict[str, Any]]) -> str:
   return buf.getvalue()
 
 
-def ppo_curve(workdir: str) -> list[dict[str, float]]:
-  """The held-out evaluation points PPO logged in `<workdir>/ppo/metrics.jsonl`."""
-  path = os.path.join(workdir, "ppo", "metrics.jsonl")
+def training_curve(workdir: str, task: str) -> list[dict[str, float]]:
+  """The held-out evaluation points an online method logged in `<workdir>/<task>/metrics.jsonl`."""
+  path = os.path.join(workdir, task, "metrics.jsonl")
   if not os.path.exists(path):
     return []
   points = [{k[len("eval/"):]: v for k, v in m.items() if k.startswith("eval/")}
@@ -161,19 +164,21 @@ def ppo_curve(workdir: str) -> list[dict[str, float]]:
   return [p for p in points if "kl" in p]
 
 
-def _kl_coef(workdir: str) -> str:
+def _kl_coef(workdir: str, task: str) -> str:
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    return str(json.load(f)["ppo"]["kl_coef"])
+    return str(json.load(f)[task][CURVES[task]])
 
 
 def curves(exp: experiment.Experiment) -> dict[str, list[dict[str, float]]]:
-  """PPO's and best-of-N's curves of this workdir and of each workdir in `eval.compare_runs`."""
+  """The online methods' training curves (PPO, RLOO, GRPO, online DPO: those the workdir holds)
+  and best-of-N's, of this workdir and of each workdir in `eval.compare_runs`."""
   out = {}
   for i, d in enumerate([exp.workdir] + [d for d in exp.config.eval.compare_runs.split(",") if d]):
     name = "" if i == 0 else f" · {os.path.basename(os.path.normpath(d))}"
-    ppo = ppo_curve(d)
-    if ppo:
-      out[f"PPO{name} (β={_kl_coef(d)})"] = ppo
+    for task in CURVES:
+      points = training_curve(d, task)
+      if points:
+        out[f"{NAMES[task]}{name} (β={_kl_coef(d, task)})"] = points
     bon_path = os.path.join(d, "best_of_n", "curve.json")
     if os.path.exists(bon_path):
       with open(bon_path, encoding="utf-8") as f:
@@ -182,8 +187,8 @@ def curves(exp: experiment.Experiment) -> dict[str, list[dict[str, float]]]:
 
 
 def plot(exp: experiment.Experiment, path: str) -> None:
-  """RM score, gold reward and win-rate against KL for PPO along training and best-of-N: one panel
-  for each of them that the curves have (all three when there are no curves)."""
+  """RM score, gold reward and win-rate against KL for the online methods along training and
+  best-of-N: one panel for each of them that the curves have (all three when there are none)."""
   lines = curves(exp)
   panels = [(k, t) for k, t in PANELS if any(k in p for ps in lines.values() for p in ps)]
   panels = panels or list(PANELS)
