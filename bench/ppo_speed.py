@@ -2,7 +2,7 @@
 of each iteration spent generating.
 
   python bench/ppo_speed.py [--config configs/tldr_sim.py] [--methods ppo,rloo,grpo]
-                            [--iterations 4] [--json out.json]
+                            [--iterations 4] [--lora 0,8] [--json out.json]
 
 Random policy and reward/value parameters of the config's model (the speed does not depend on the
 weights), each method's config block (rollout batch, samples per prompt, minibatch, epochs) and
@@ -12,7 +12,8 @@ updates). The first iteration compiles and is not timed. The update's model FLOP
 as bench/throughput.py) are compared with this device's measured matmul peak: PPO runs policy and
 value forward+backward per epoch after the experience forwards of policy, reference, value and
 reward; RLOO and GRPO have no value model (policy forward+backward per epoch after policy,
-reference and reward forwards). Prints numbers; asserts nothing.
+reference and reward forwards); with `--lora`, adapters on the trained models and a backward pass without base
+weight gradients. Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import rloo
 from rlhfjax.models import heads
+from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -42,28 +44,36 @@ EOS = 1
 CRITIC_FREE = {"rloo": rloo, "grpo": grpo}
 
 
-def setup(method: str, config, cfg: ModelConfig, policy, reward):
+def setup(method: str, config, cfg: ModelConfig, policy, reward, rank: int):
   """(state, jitted step, samples per prompt, forward passes of the update per episode) of one
-  method at its config block's settings."""
+  method at its config block's settings; with `rank` > 0, LoRA adapters on the policy (and PPO's
+  value model), whose base is then the reference."""
   c = config[method]
+  lcfg = lora.LoraConfig(rank=rank)
+  trainable = lora.trainable if rank else None
+  train_passes = 2 if rank else 3  # Forward + backward; LoRA computes no base weight gradients.
+  adapt = lambda p, key: lora.adapt(jax.random.key(key), p, lcfg, "policy")
+  policy, reward = jax.tree.map(jnp.copy, (policy, reward))  # Donated: never the frozen trees.
   if method == "ppo":
-    tx = ppo.adamw(c)
-    params = jax.tree.map(jnp.copy, {"policy": policy, "value": reward})
+    tx = ppo.adamw(c, trainable)
+    params = {"policy": adapt(policy, 1),
+              "value": {**reward, "backbone": adapt(reward["backbone"], 2)}}
     state = ppo.PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                          kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
-    step_fn, k, passes = ppo.train_step, 1, 4 + 2 * 3 * c.epochs
+    step_fn, k, passes = ppo.train_step, 1, 4 + 2 * train_passes * c.epochs
   else:
-    tx = online.adamw(c, online.minibatch_updates_per_step(c))
-    state = TrainState.create({"policy": jax.tree.map(jnp.copy, policy)}, tx)
-    step_fn, k, passes = CRITIC_FREE[method].train_step, c.k, 3 + 3 * c.epochs
+    tx = online.adamw(c, online.minibatch_updates_per_step(c), trainable)
+    state = TrainState.create({"policy": adapt(policy, 1)}, tx)
+    step_fn, k, passes = CRITIC_FREE[method].train_step, c.k, 3 + train_passes * c.epochs
   step = jax.jit(functools.partial(step_fn, cfg=cfg, c=c, tx=tx, eos_id=EOS), donate_argnums=0)
   return state, step, k, passes
 
 
 def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: int,
-            peak: float) -> dict:
+            peak: float, rank: int = 0) -> dict:
   c, fmt = config[method], config.format
-  state, step, k, passes = setup(method, config, cfg, policy, reward)
+  state, step, k, passes = setup(method, config, cfg, policy, reward, rank)
+  ref = None if rank else policy  # A LoRA policy's reference is its own base.
   scfg = sampling.SamplingConfig(max_new_tokens=fmt.response_len, temperature=c.temperature,
                                  eos_id=EOS, pad_id=0)
   rng = np.random.default_rng(0)
@@ -82,7 +92,7 @@ def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: i
     batch = {"prompt": prompts, "prompt_mask": pmask, "response": out.tokens, "response_mask": mask}
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
-    state, m = step(state, policy, reward, batch, jax.random.key(100 + i))
+    state, m = step(state, ref, reward, batch, jax.random.key(100 + i))
     jax.block_until_ready(m)
     t2 = time.perf_counter()
     if i:  # Iteration 0 compiles.
@@ -93,7 +103,7 @@ def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: i
   seq = plen + rlen
   per_token_fwd = 2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * seq
   update_flops = n * seq * per_token_fwd * passes
-  return {"method": method, "rollout_batch": n, "k": k, "episodes_per_s": n / (gen + upd),
+  return {"method": method, "lora_rank": rank, "rollout_batch": n, "k": k, "episodes_per_s": n / (gen + upd),
           "rollout_tokens_per_s": float(np.mean(tokens)) / gen,
           "generation_share": gen / (gen + upd), "generate_s": gen, "update_s": upd,
           "update_fraction_of_peak": update_flops / upd / peak, "matmul_peak_gflops": peak / 1e9,
@@ -106,6 +116,7 @@ def main() -> None:
                                                    "tldr_sim.py"))
   ap.add_argument("--methods", default="ppo,rloo,grpo")
   ap.add_argument("--iterations", type=int, default=4)
+  ap.add_argument("--lora", default="0", help="LoRA ranks to measure, e.g. 0,8 (0: full)")
   ap.add_argument("--json", default="", help="also write the numbers here")
   args = ap.parse_args()
 
@@ -121,10 +132,11 @@ def main() -> None:
         f"{fmt.prompt_len} + {fmt.response_len} new tokens; {jax.devices()[0].device_kind} "
         f"x{jax.device_count()}; matmul peak {peak / 1e9:.0f} GFLOP/s (this run)")
   rows = []
-  for method in args.methods.split(","):
-    r = measure(method, config, cfg, policy, reward, args.iterations, peak)
+  for method, rank in [(m, int(r)) for m in args.methods.split(",") for r in args.lora.split(",")]:
+    r = measure(method, config, cfg, policy, reward, args.iterations, peak, rank)
     rows.append(r)
-    print(f"{method}: {r['episodes_per_s']:.1f} episodes/s ({r['rollout_batch']} = "
+    name = f"{method} (LoRA r={rank})" if rank else method
+    print(f"{name}: {r['episodes_per_s']:.1f} episodes/s ({r['rollout_batch']} = "
           f"{r['rollout_batch'] // r['k']} prompts x {r['k']}, {r['epochs']} epochs of minibatch "
           f"{r['minibatch_size']}) | generate {r['generate_s']:.2f} s "
           f"({r['rollout_tokens_per_s']:.0f} sampled tok/s) + update {r['update_s']:.2f} s | "

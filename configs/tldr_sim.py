@@ -193,6 +193,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # fixed, so every seed's methods are judged on the same test set by the same pool.
   c.seeds = dict(run_seeds="0,1,2", world=False)
 
+  # LoRA adapters (rlhfjax/models/lora.py): rank 0 trains every weight. With rank r > 0 the
+  # models named in `models` (sft | rm | policy: every preference/RL method's | value: PPO's
+  # critic) train only rank-r adapters W + (alpha / r) A B on the projections in `targets`
+  # (q,k,v,o attention; wi,wg,wo MLP) and their scalar heads; the reference policy is the policy
+  # with its adapters off (one backbone); later stages and export read the adapters merged.
+  # Adapters learn at higher rates than full fine-tuning: raise the method's lr with them.
+  c.lora = dict(rank=0, alpha=16.0, targets="q,k,v,o,wi,wg,wo", models="sft,rm,policy,value")
+
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 

@@ -4,6 +4,7 @@ winners, and task=eval's leaderboard and plot."""
 import json
 import os
 import shutil
+from unittest import mock
 
 import jax
 import numpy as np
@@ -35,6 +36,22 @@ def test_ppo_logs_what_practitioners_look_for(tiny_pipeline):
   assert {"eval/rm_score", "eval/gold", "eval/win_rate"} <= set(logged[config.ppo.steps])
 
 
+def _run_until_killed(config, workdir: str, saved_step: int) -> None:
+  """Runs `config` in `workdir` and kills it (KeyboardInterrupt) once checkpoint `saved_step` is
+  written: the asynchronous save completes, then the run dies before the next step."""
+  original = checkpoint.Checkpointer.should_save
+
+  def crash(self, step):
+    if step == saved_step + 1:
+      self.wait()
+      raise KeyboardInterrupt
+    return original(self, step)
+
+  with mock.patch.object(checkpoint.Checkpointer, "should_save", crash):
+    with pytest.raises(KeyboardInterrupt):
+      main.run(config, workdir)
+
+
 def test_ppo_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
   config, workdir = tiny_pipeline
   exp = experiment.prepare(config, workdir)
@@ -47,20 +64,7 @@ def test_ppo_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
   resumed_config = config.copy_and_resolve_references()
   resumed_config.checkpoint.update(every=2)
   resumed_config.stages = "ppo"
-  original = checkpoint.Checkpointer.should_save
-
-  def crash_after_2(self, step):
-    if step == 3:
-      self.wait()  # Step 2's asynchronous save completes, then the run dies.
-      raise KeyboardInterrupt
-    return original(self, step)
-
-  checkpoint.Checkpointer.should_save = crash_after_2
-  try:
-    with pytest.raises(KeyboardInterrupt):
-      main.run(resumed_config, other)
-  finally:
-    checkpoint.Checkpointer.should_save = original
+  _run_until_killed(resumed_config, other, saved_step=2)
   assert checkpoint.latest_step(f"{other}/ppo/checkpoints") == 2
   main.run(resumed_config, other)
   resumed = ppo.load_policy(experiment.prepare(resumed_config, other))
@@ -249,6 +253,7 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
 
 
 def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
+  """RLOO with a LoRA policy: adapters, their AdamW state and the masked base restore exactly."""
   config, _ = tiny_pipeline
   answers = {}
   for run_name in ("straight", "resumed"):
@@ -256,21 +261,10 @@ def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):
     changed = config.copy_and_resolve_references()
     changed.stages = "rloo"
     changed.checkpoint.update(every=1)
+    changed.lora.update(rank=4, models="policy")
+    changed.rloo.update(lr=3e-3)
     if run_name == "resumed":
-      original = checkpoint.Checkpointer.should_save
-
-      def crash_after_1(self, step):
-        if step == 2:
-          self.wait()  # Step 1's asynchronous save completes, then the run dies.
-          raise KeyboardInterrupt
-        return original(self, step)
-
-      checkpoint.Checkpointer.should_save = crash_after_1
-      try:
-        with pytest.raises(KeyboardInterrupt):
-          main.run(changed, workdir)
-      finally:
-        checkpoint.Checkpointer.should_save = original
+      _run_until_killed(changed, workdir, saved_step=1)
       assert checkpoint.latest_step(f"{workdir}/rloo/checkpoints") == 1
     seen = []
     original = checkpoint.Checkpointer.should_save

@@ -26,8 +26,8 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
+from rlhfjax.models import lora
 from rlhfjax.models import policy
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
@@ -70,16 +70,18 @@ def _both(batch: pipeline.Batch) -> pipeline.Batch:
 
 def train_step(state: TrainState, ref_params: Any, batch: pipeline.Batch, *, cfg: ModelConfig,
                c: Any, tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One AdamW step on the DPO (or IPO) loss of a batch of comparisons."""
+  """One AdamW step on the DPO (or IPO) loss of a batch of comparisons (`ref_params` None: the
+  LoRA policy's base is the reference)."""
   both = _both(batch)
   n = batch["prompt"].shape[0]
+  ref_params = lora.reference(state.params, ref_params)
   ref = jax.lax.stop_gradient(policy.response_logprobs(ref_params, both, cfg).sum(-1))
 
   def loss_fn(params):
     logp = policy.response_logprobs(params, both, cfg).sum(-1)
     return dpo_loss(logp[:n], logp[n:], ref[:n], ref[n:], c.beta, c.loss_type, c.label_smoothing)
 
-  (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (loss, m), grads = lora.value_and_grad(loss_fn, has_aux=True)(state.params)
   state = state.apply_gradients(grads, tx)
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads), **m}
 
@@ -99,17 +101,19 @@ def train(exp: experiment.Experiment) -> TrainState:
   ref_params = sft.load_policy(exp)
   par = exp.parallel
   par.check_batch("dpo.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps)
-  state, shardings = par.train_state(lambda p: TrainState.create(p, tx),
-                                     transformer.param_axes(cfg), tx, ref_params)
+  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
+  state, shardings = sft.policy_state(exp, tx, ref_params)
+  if exp.lora.applies_to("policy"):
+    ref_params = None  # The policy's own base: one backbone.
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
-                    (shardings, shardings.params, par.batch), (shardings, par.replicated), (0,))
+                    (shardings, None if ref_params is None else shardings.params, par.batch),
+                    (shardings, par.replicated), (0,))
   task_dir = exp.task_dir("dpo")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   meta = {"model": dataclasses.asdict(exp.model), "files": reward_model.files_meta(exp, files),
-          "dpo": {k: v for k, v in c.items() if k != "log_every"}}
+          "dpo": {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_step(state, step):

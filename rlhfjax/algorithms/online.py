@@ -31,6 +31,7 @@ from rlhfjax.data import gold
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax.models import lora
 from rlhfjax.models import transformer
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
@@ -72,13 +73,15 @@ def minibatch_updates_per_step(c: Any) -> int:
 def meta(exp: experiment.Experiment, task: str) -> dict:
   """What determines an online run; resuming under other values is refused."""
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
-          task: {k: v for k, v in exp.config[task].items() if k not in _NOT_IN_META}}
+          task: {k: v for k, v in exp.config[task].items() if k not in _NOT_IN_META},
+          **exp.lora_meta("policy")}
 
 
 def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                cfg: Any, c: Any, eos_id: int) -> dict[str, jax.Array]:
   """`engine.experience` of the current policy under the method's sampling and truncation knobs
-  (`temperature`, `penalize_no_eos`, `no_eos_score`)."""
+  (`temperature`, `penalize_no_eos`, `no_eos_score`); `ref_params` None: the LoRA policy's base."""
+  ref_params = lora.reference(state.params["policy"], ref_params)
   return engine.experience(state.params["policy"], ref_params, reward_params, batch, cfg=cfg,
                            temperature=c.temperature, eos_id=eos_id,
                            no_eos_score=c.no_eos_score if c.penalize_no_eos else None)
@@ -101,7 +104,7 @@ def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Ar
 
   def minibatch(state, idx):
     mb = jax.tree.map(lambda x: x[idx], data)
-    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
+    (_, stats), grads = lora.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
     stats["policy/grad_norm"] = optax.tree.norm(grads)
     return state.apply_gradients(grads, tx), stats
 
@@ -113,29 +116,35 @@ def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Ar
   return state.replace(step=iteration + 1), jax.tree.map(jnp.mean, stats)
 
 
-def adamw(c: Any, updates_per_step: int) -> optax.GradientTransformation:
-  """AdamW scheduled over every update of every iteration of an online run."""
-  return optimizer.adamw(c, c.steps * updates_per_step)
+def adamw(c: Any, updates_per_step: int, trainable: Any = None) -> optax.GradientTransformation:
+  """AdamW scheduled over every update of every iteration of an online run (of the leaves
+  `trainable` marks, when given: see optimizer.adamw)."""
+  return optimizer.adamw(c, c.steps * updates_per_step, trainable)
 
 
 def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
                  updates_per_step: int, annotate: Annotate | None = None) -> TrainState:
   """Runs (or resumes) a critic-free online method in `<workdir>/<task>`: the policy (params
   `{'policy'}`) starts from SFT and trains against the frozen SFT reference and reward model with
-  `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`."""
+  `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`. With LoRA on the policy,
+  `ref` is None and the step takes the policy's base as the reference: one backbone for both."""
   c = exp.config[task]
   cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
-  tx = adamw(c, updates_per_step)
+  tx = adamw(c, updates_per_step, exp.trainable("policy"))
+  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
   # A copy: the trained tree must not alias the frozen reference.
-  make = lambda p: TrainState.create({"policy": jax.tree.map(jnp.copy, p)}, tx)
-  state, shardings = par.train_state(make, {"policy": transformer.param_axes(exp.model)}, tx,
-                                     ref_params)
+  make = lambda p: TrainState.create(
+      {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
+  axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
+  state, shardings = par.train_state(make, axes, tx, ref_params)
+  if exp.lora.applies_to("policy"):
+    ref_params = None
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
-                    (shardings, shardings.params["policy"],
+                    (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
@@ -154,7 +163,8 @@ def run_policy(config, workdir: str, task: str, train_step: Callable, k: int,
 
 def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_params: Any,
           reward_params: Any, meta: dict, *, k: int = 1, annotate: Annotate | None = None) -> Any:
-  """Runs (or resumes) `exp.config[task].steps` iterations of `step_fn` in `<workdir>/<task>`."""
+  """Runs (or resumes) `exp.config[task].steps` iterations of `step_fn` in `<workdir>/<task>`
+  (`ref_params` None: the policy's LoRA base is the reference)."""
   config, c = exp.config, exp.config[task]
   check_sampling(task, c, k)
   examples = exp.splits["unlabeled"]
@@ -199,8 +209,8 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
 
   def held_out(params) -> dict[str, float]:
     """One point of the over-optimisation curve, on the same posts and rng every time."""
-    return heldout.curve_point(exp, params, ref_params, eval_examples, eval_key,
-                               curve_temperature, c.rollout_batch, reward_fn)
+    return heldout.curve_point(exp, params, lora.reference(params, ref_params), eval_examples,
+                               eval_key, curve_temperature, c.rollout_batch, reward_fn)
 
   def periodic(state, done, m) -> dict[str, float]:
     out = dict(m) if done % c.log_every == 0 or done == c.steps else {}

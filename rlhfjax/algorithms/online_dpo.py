@@ -30,6 +30,7 @@ from rlhfjax.algorithms import online
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import annotators
+from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
@@ -59,7 +60,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     second_wins = batch[PREFERENCE] == 1
   else:
     second_wins = scores[1::2] > scores[0::2]
-  ref = policy.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
+  ref = policy.response_logprobs(lora.reference(state.params["policy"], ref_params), batch, cfg,
+                                temperature=c.temperature)
   m = batch["response_mask"].astype(jnp.float32)
 
   def loss_fn(params):
@@ -73,7 +75,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     return loss, {**stats, "logps/chosen": lc.mean(), "logps/rejected": lr.mean(), "kl": kl,
                   "entropy": jax.lax.stop_gradient(entropy.sum(-1))}
 
-  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (loss, aux), grads = lora.value_and_grad(loss_fn, has_aux=True)(state.params)
   state = state.apply_gradients(grads, tx)
   kl, entropy = aux.pop("kl"), aux.pop("entropy")
   sc, sr = pairs(scores, second_wins)

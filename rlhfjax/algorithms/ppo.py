@@ -39,6 +39,7 @@ from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
+from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -62,14 +63,10 @@ class PPOState(TrainState):
   kl_coef: jax.Array
 
 
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-  return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
-
-
 def whiten(x: jax.Array, mask: jax.Array, shift_mean: bool = True) -> jax.Array:
   """(x − mean) / std over the real entries of `x` (padding is ignored and left at 0)."""
-  mean = masked_mean(x, mask)
-  var = masked_mean(jnp.square(x - mean), mask)
+  mean = online.masked_mean(x, mask)
+  var = online.masked_mean(jnp.square(x - mean), mask)
   out = (x - mean) * jax.lax.rsqrt(var + 1e-8)
   if not shift_mean:
     out = out + mean
@@ -120,14 +117,14 @@ def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], 
   log_ratio = logp - batch["logprobs"]
   ratio = jnp.exp(log_ratio)
   pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
-  pg_loss = masked_mean(jnp.maximum(pg1, pg2), m)
+  pg_loss = online.masked_mean(jnp.maximum(pg1, pg2), m)
   v_clipped = batch["values"] + jnp.clip(values - batch["values"], -cliprange_value, cliprange_value)
   vf1, vf2 = jnp.square(values - batch["returns"]), jnp.square(v_clipped - batch["returns"])
-  vf_loss = 0.5 * masked_mean(jnp.maximum(vf1, vf2), m)
-  stats = {"policy/approxkl": 0.5 * masked_mean(jnp.square(log_ratio), m),
-           "policy/clipfrac": masked_mean((pg2 > pg1).astype(jnp.float32), m),
-           "val/clipfrac": masked_mean((vf2 > vf1).astype(jnp.float32), m),
-           "val/ratio": masked_mean(ratio, m)}
+  vf_loss = 0.5 * online.masked_mean(jnp.maximum(vf1, vf2), m)
+  stats = {"policy/approxkl": 0.5 * online.masked_mean(jnp.square(log_ratio), m),
+           "policy/clipfrac": online.masked_mean((pg2 > pg1).astype(jnp.float32), m),
+           "val/clipfrac": online.masked_mean((vf2 > vf1).astype(jnp.float32), m),
+           "val/ratio": online.masked_mean(ratio, m)}
   return pg_loss, vf_loss, stats
 
 
@@ -183,7 +180,8 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "objective/rlhf_reward": (scores - kl_coef * kl_sum).mean(),
            "objective/non_score_reward": (-kl_coef * kl_sum).mean(), "objective/kl_coef": kl_coef,
            "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
-           "val/mean": masked_mean(values, m), "returns/mean": masked_mean(returns, m),
+           "val/mean": online.masked_mean(values, m),
+           "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean()}
   rollout = {**batch, "logprobs": logp, "values": values, "advantages": adv, "returns": returns}
   return rollout, stats
@@ -191,44 +189,32 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
 
 def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cfg: ModelConfig,
            c: Any, tx: optax.GradientTransformation) -> tuple[PPOState, dict[str, jax.Array]]:
-  """`c.epochs` passes of minibatch PPO over one rollout (`lax.scan` over both)."""
-  n = rollout["response"].shape[0]
-  k = n // c.minibatch_size
+  """`c.epochs` passes of minibatch PPO over one rollout (online.minibatch_updates); the state's
+  `step` then counts this iteration once."""
 
   def loss_fn(params, mb):
+    if c.whiten == "minibatch":  # Advantages do not depend on the parameters: no gradient here.
+      mb = {**mb, "advantages": whiten(mb["advantages"], mb["response_mask"])}
     # With a value head on the policy trunk, the value loss's gradient reaches the trunk too.
     logp, entropy, values = _policy_and_values(params, mb, cfg, c.temperature)
     pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
     loss = pg_loss + c.vf_coef * vf_loss
     m = mb["response_mask"].astype(jnp.float32)
     return loss, {**stats, "loss/policy": pg_loss, "loss/value": vf_loss, "loss/total": loss,
-                  "policy/entropy": masked_mean(entropy, m)}
+                  "policy/entropy": online.masked_mean(entropy, m)}
 
-  def minibatch(state, idx):
-    mb = jax.tree.map(lambda x: x[idx], rollout)
-    if c.whiten == "minibatch":
-      mb["advantages"] = whiten(mb["advantages"], mb["response_mask"])
-    (_, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, mb)
-    stats["policy/grad_norm"] = optax.tree.norm(grads)
-    return state.apply_gradients(grads, tx), stats
-
-  def epoch(state, key):
-    return jax.lax.scan(minibatch, state, jax.random.permutation(key, n)[:k * c.minibatch_size]
-                        .reshape(k, c.minibatch_size))
-
-  state, stats = jax.lax.scan(epoch, state, jax.random.split(rng, c.epochs))
-  return state, jax.tree.map(jnp.mean, stats)
+  return online.minibatch_updates(state, rollout, rng, loss_fn, c.epochs, c.minibatch_size, tx)
 
 
 def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
                eos_id: int) -> tuple[PPOState, dict[str, jax.Array]]:
-  """Experience and update for one rollout batch, then the KL-controller update."""
+  """Experience and update for one rollout batch, then the KL-controller update. `ref_params` None:
+  the reference is the LoRA policy with its adapters off."""
+  ref_params = lora.reference(state.params["policy"], ref_params)
   rollout, stats = experience(state.params, ref_params, reward_params, batch, state.kl_coef,
                               cfg=cfg, c=c, eos_id=eos_id)
-  iteration = state.step
   state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx)
-  state = state.replace(step=iteration + 1)  # `step` counts PPO iterations, not minibatch updates.
   if c.adaptive_kl:
     n = batch["response"].shape[0]
     state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, stats["objective/kl"],
@@ -261,16 +247,19 @@ def check_config(c: Any) -> None:
     raise ConfigError(f"ppo.value_model must be one of {VALUE_MODELS}, got {c.value_model!r}")
 
 
-def adamw(c: Any) -> optax.GradientTransformation:
-  """PPO's optimizer: AdamW over every minibatch update of every epoch of every iteration."""
-  return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size))
+def adamw(c: Any, trainable: Any = None) -> optax.GradientTransformation:
+  """PPO's optimizer: AdamW over every minibatch update of every epoch of every iteration (of the
+  leaves `trainable` marks, when given: see optimizer.adamw)."""
+  return optimizer.adamw(c, c.steps * c.epochs * (c.rollout_batch // c.minibatch_size), trainable)
 
 
-def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> PPOState:
+def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict, *,
+               lcfg: lora.LoraConfig = lora.LoraConfig()) -> PPOState:
   """Policy from SFT, β from `ppo.kl_coef`, and the value model from the reward model's backbone and
   head (not its likelihood term: values are per-token head outputs) — or, with
   `value_model='policy_trunk'`, the reward model's head alone: it starts as the RM's read-out
-  applied to the policy's features."""
+  applied to the policy's features. Policy and value backbone take fresh adapters where `lcfg`
+  applies to them (lora.MODELS 'policy', 'value')."""
   c = exp.config.ppo
   if c.value_model == "policy_trunk":
     # The RM head rather than a fresh one: policy and RM backbones both come from SFT, so its
@@ -282,7 +271,13 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> 
               "value": {"backbone": rm_params["backbone"], "head": rm_params["head"]}}
   # Copies: the trained trees must not alias the frozen reference and reward trees.
   params = jax.tree.map(jnp.copy, params)
-  tx = adamw(c)
+  if lcfg.rank:
+    k_policy, k_value = jax.random.split(jax.random.fold_in(jax.random.key(exp.config.seed), 6))
+    params["policy"] = lora.adapt(k_policy, params["policy"], lcfg, "policy")
+    if "value" in params:
+      params["value"] = {**params["value"], "backbone": lora.adapt(
+          k_value, params["value"]["backbone"], lcfg, "value")}
+  tx = adamw(c, lora.trainable if lcfg.rank else None)
   return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
 
@@ -290,7 +285,8 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict) -> 
 def _meta(exp: experiment.Experiment) -> dict:
   skip = ("log_every", "eval_every", "eval_examples")
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
-          "ppo": {k: v for k, v in exp.config.ppo.items() if k not in skip}}
+          "ppo": {k: v for k, v in exp.config.ppo.items() if k not in skip},
+          **exp.lora_meta("policy"), **exp.lora_meta("value")}
 
 
 def train(exp: experiment.Experiment) -> PPOState:
@@ -302,42 +298,50 @@ def train(exp: experiment.Experiment) -> PPOState:
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch("ppo.rollout_batch", c.rollout_batch)
-  tx = adamw(c)
-  state, shardings = par.train_state(functools.partial(init_state, exp),
-                                     param_axes(exp.model, c.value_model), tx, ref_params,
-                                     reward_params)
-  # The trained copies are made; the frozen models may now drop to their own dtype.
-  ref_params = frozen(ref_params, c.frozen_dtype)
+  tx = adamw(c, exp.trainable("policy", "value"))
+  state, shardings = par.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
+                                     param_axes(exp.model, c.value_model, exp.lora), tx,
+                                     ref_params, reward_params)
+  # The trained copies are made; the frozen models may now drop to their own dtype. A LoRA
+  # policy's reference is its own base (one backbone for both): no separate tree, no cast.
+  ref_params = (None if exp.lora.applies_to("policy")
+                else frozen(ref_params, c.frozen_dtype))
   reward_params = frozen(reward_params, c.frozen_dtype)
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
-                    (shardings, shardings.params["policy"],
+                    (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   return online.train(exp, "ppo", state, step_fn, ref_params, reward_params, _meta(exp))
 
 
-def param_axes(cfg: ModelConfig, value_model: str = "separate") -> dict:
+def param_axes(cfg: ModelConfig, value_model: str = "separate",
+               lcfg: lora.LoraConfig = lora.LoraConfig()) -> dict:
   """Logical axes of PPO's trained parameters: the policy and the value model (`ppo.value_model`:
-  a whole reward/value model, or only a scalar head on the policy trunk)."""
+  a whole reward/value model, or only a scalar head on the policy trunk), with the adapters
+  `lcfg` gives them."""
+  policy_axes = lora.model_axes(transformer.param_axes(cfg), lcfg, "policy")
   if value_model == "policy_trunk":
-    return {"policy": transformer.param_axes(cfg), "value_head": heads.scalar_head_axes()}
-  return {"policy": transformer.param_axes(cfg), "value": heads.param_axes(cfg)}
+    return {"policy": policy_axes, "value_head": heads.scalar_head_axes()}
+  value = heads.param_axes(cfg)
+  return {"policy": policy_axes,
+          "value": {**value, "backbone": lora.model_axes(value["backbone"], lcfg, "value")}}
 
 
 def _state_template(exp: experiment.Experiment) -> PPOState:
   """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
   policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return exp.parallel.train_state(functools.partial(init_state, exp),
-                                  param_axes(exp.model, exp.config.ppo.value_model),
-                                  adamw(exp.config.ppo), policy_shape,
+  return exp.parallel.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
+                                  param_axes(exp.model, exp.config.ppo.value_model, exp.lora),
+                                  adamw(exp.config.ppo, exp.trainable("policy", "value")),
+                                  policy_shape,
                                   reward_model.model_template(exp), abstract=True)[0]
 
 
 def load_policy(exp: experiment.Experiment) -> Any:
-  """The policy parameters of the finished PPO run in `<workdir>/ppo`."""
+  """The policy parameters of the finished PPO run in `<workdir>/ppo`, adapters merged."""
   state, _ = checkpoint.restore_finished(f"{exp.workdir}/ppo/checkpoints", _state_template(exp),
                                          exp.config.ppo.steps, "ppo")
-  return state.params["policy"]
+  return lora.merged(state.params["policy"])
 
 
 def run(config, workdir: str) -> PPOState:

@@ -28,8 +28,8 @@ from rlhfjax.data import gold
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax.models import lora
 from rlhfjax.models import policy
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
@@ -50,6 +50,7 @@ def quark_loss(params, ref_params, batch: pipeline.Batch, cfg: ModelConfig,
   n = jnp.maximum(m.sum(), 1.0)
   logp_all = policy.response_distributions(params, batch, cfg)
   ref_batch = {**batch, "prompt": batch["ref_prompt"], "prompt_mask": batch["ref_prompt_mask"]}
+  ref_params = lora.reference(params, ref_params)
   ref_all = jax.lax.stop_gradient(policy.response_distributions(ref_params, ref_batch, cfg))
   logp = jnp.take_along_axis(logp_all, batch["response"][..., None], -1)[..., 0]
   nll = -(logp * m).sum() / n
@@ -59,8 +60,8 @@ def quark_loss(params, ref_params, batch: pipeline.Batch, cfg: ModelConfig,
 
 def train_step(state: TrainState, ref_params: Any, batch: pipeline.Batch, *, cfg: ModelConfig,
                kl_coef: float, tx: optax.GradientTransformation) -> tuple[TrainState, dict]:
-  (loss, m), grads = jax.value_and_grad(quark_loss, has_aux=True)(state.params, ref_params, batch,
-                                                                  cfg, kl_coef)
+  (loss, m), grads = lora.value_and_grad(quark_loss, has_aux=True)(state.params, ref_params,
+                                                                   batch, cfg, kl_coef)
   return state.apply_gradients(grads, tx), {"train/loss": loss, **m}
 
 
@@ -81,11 +82,12 @@ def run(config, workdir: str) -> Any:
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch("quark.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, c.rounds * c.steps_per_round)
-  state, shardings = par.train_state(lambda p: TrainState.create(p, tx),
-                                     transformer.param_axes(cfg), tx, ref_params)
+  tx = optimizer.adamw(c, c.rounds * c.steps_per_round, exp.trainable("policy"))
+  state, shardings = sft.policy_state(exp, tx, ref_params)
+  held_ref = None if exp.lora.applies_to("policy") else ref_params  # None: the policy's base.
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
-                    (shardings, shardings.params, par.batch), (shardings, par.replicated), (0,))
+                    (shardings, None if held_ref is None else shardings.params, par.batch),
+                    (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
   with_gold = world.has_gold(examples)  # Real data has no gold reward: `quark/gold` is left out.
   plain = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)
@@ -95,7 +97,7 @@ def run(config, workdir: str) -> Any:
   task_dir = exp.task_dir("quark")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", 1, config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = {"model": dataclasses.asdict(exp.model), "quark": c.to_dict()}
+  meta = {"model": dataclasses.asdict(exp.model), "quark": c.to_dict(), **exp.lora_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_round(state, r):
@@ -117,7 +119,7 @@ def run(config, workdir: str) -> Any:
             "response": response[keep], "response_mask": response_mask[keep]}
     for s in range(c.steps_per_round):
       b = pipeline.batch_indices(len(keep), min(c.batch_size, len(keep)), config.seed + r, s)
-      state, m = step_fn(state, ref_params, par.put_batch(pool, b))
+      state, m = step_fn(state, held_ref, par.put_batch(pool, b))
     m = {k: float(v) for k, v in m.items()}
     m.update({"quark/score": float(scores.mean()), "quark/pool_score": float(scores[keep].mean())})
     if with_gold:

@@ -49,6 +49,7 @@ from rlhfjax.feedback import annotators
 from rlhfjax.feedback import contrast
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
+from rlhfjax.models import lora
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.reward import score, score_batch  # noqa: F401  (this module's API too)
@@ -101,7 +102,7 @@ def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
              "contrast_accuracy": extra["accuracy"]}
     return out["loss"], out
 
-  (_, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  (_, m), grads = lora.value_and_grad(loss_fn, has_aux=True)(state.params)
   state = state.apply_gradients(grads, tx)
   return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
 
@@ -175,7 +176,7 @@ def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
     rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "rm": rm,
-          "files": files_meta(exp, files)}
+          "files": files_meta(exp, files), **exp.lora_meta("rm")}
 
 
 def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
@@ -189,9 +190,17 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
     raise ConfigError(f"rm.batch_size ({c.batch_size}) exceeds rm.epochs x {len(train_comps)} pairs")
   par = exp.parallel
   par.check_batch("rm.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps)
-  state, shardings = par.train_state(lambda p: TrainState.create(init_params(exp, p), tx),
-                                     param_axes(exp), tx, sft_params)
+  tx = optimizer.adamw(c, steps, exp.trainable("rm"))
+  lora_key = jax.random.fold_in(jax.random.key(config.seed), 5)
+
+  def make(sft_params):
+    params = init_params(exp, sft_params)
+    backbone = lora.adapt(lora_key, params["backbone"], exp.lora, "rm")
+    return TrainState.create({**params, "backbone": backbone}, tx)
+
+  axes = param_axes(exp)
+  axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
+  state, shardings = par.train_state(make, axes, tx, sft_params)
   step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx,
                                       contrast_weight=c.contrast_weight),
                     (shardings, par.batch), (shardings, par.replicated), (0,))
@@ -317,7 +326,8 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   train_comps = load_comparisons(files["train"], c.layout)
   sft_params = sft.load_policy(exp)
   state = train(exp, sft_params, train_comps, val_comps, meta)
-  params, norm = state.params, {"mean": 0.0, "gain": 1.0, "count": 0}
+  # Adapters merged: `rm/model` is a plain reward model, whatever trained it.
+  params, norm = lora.merged(state.params), {"mean": 0.0, "gain": 1.0, "count": 0}
   if c.normalize != "none":
     posts, texts = _norm_set(exp, train_comps)
     params, norm = normalize(params, score_texts(params, exp, posts, texts), c.normalize_std)

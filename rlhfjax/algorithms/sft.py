@@ -20,6 +20,7 @@ import optax
 
 from rlhfjax.data import pipeline
 from rlhfjax.models import generate
+from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models import pretrained
 from rlhfjax.models import sampling
@@ -49,7 +50,7 @@ def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg:
     nll, n = response_nll(params, batch, cfg, rng if cfg.dropout > 0 else None)
     return nll / jnp.maximum(n, 1.0)
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  loss, grads = lora.value_and_grad(loss_fn)(state.params)
   state = state.apply_gradients(grads, tx)
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
 
@@ -71,13 +72,17 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   n_train = len(data["prompt"])
   par = exp.parallel
   par.check_batch(f"{task}.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, c.steps)
+  kind = model_kind(task)
+  tx = optimizer.adamw(c, c.steps, exp.trainable(kind))
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
+  lora_key = jax.random.fold_in(init_key, 1)
+  adapt = lambda p: lora.adapt(lora_key, p, exp.lora, kind)
   if init_params is None:
-    make, args = (lambda k: TrainState.create(transformer.init(k, exp.model), tx)), (init_key,)
+    make = lambda k: TrainState.create(adapt(transformer.init(k, exp.model)), tx)
+    args = (init_key,)
   else:  # A new buffer on the mesh: the trained tree never aliases `init_params`.
-    make, args = (lambda p: TrainState.create(p, tx)), (init_params,)
-  state, shardings = par.train_state(make, transformer.param_axes(exp.model), tx, *args)
+    make, args = (lambda p: TrainState.create(adapt(p), tx)), (init_params,)
+  state, shardings = par.train_state(make, param_axes(exp, task), tx, *args)
   step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
                     (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
@@ -93,7 +98,8 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   # What determines the trained parameters; resuming under other values is refused.
   meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
           "data": config.data.to_dict(),
-          task: {k: v for k, v in c.items() if k not in ("log_every", "eval_every", "eval_batches")}}
+          task: {k: v for k, v in c.items()
+                 if k not in ("log_every", "eval_every", "eval_batches")}, **exp.lora_meta(kind)}
   state = loop.restore_if_any(ckpt, state, meta)
   tokens_per_step = c.batch_size * (plen + rlen)
 
@@ -117,21 +123,43 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   return state
 
 
+def model_kind(task: str) -> str:
+  """Which of lora.MODELS the run of `train(exp, task)` trains: the SFT policy, or (expert
+  iteration, FeedME, reward conditioning) a preference-tuned policy."""
+  return "sft" if task == "sft" else "policy"
+
+
+def param_axes(exp: experiment.Experiment, task: str) -> dict:
+  """Logical axes of the policy `train(exp, task)` trains (with its adapters, if any)."""
+  return lora.model_axes(transformer.param_axes(exp.model), exp.lora, model_kind(task))
+
+
+def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
+                 model: str = "policy") -> tuple[TrainState, Any]:
+  """(state, shardings) of a policy trained from `init_params` (a new buffer on the mesh, never
+  aliasing them), with fresh adapters if `lora` applies to `model`."""
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  make = lambda p: TrainState.create(lora.adapt(key, p, exp.lora, model), tx)
+  axes = lora.model_axes(transformer.param_axes(exp.model), exp.lora, model)
+  return exp.parallel.train_state(make, axes, tx, init_params)
+
+
 def _state_template(exp: experiment.Experiment, task: str) -> TrainState:
   """The train state's shapes with their shardings on this run's mesh (a restore target)."""
   c = exp.config[task]
-  tx = optimizer.adamw(c, c.steps)
-  make = lambda k: TrainState.create(transformer.init(k, exp.model), tx)
-  return exp.parallel.train_state(make, transformer.param_axes(exp.model), tx, jax.random.key(0),
+  tx = optimizer.adamw(c, c.steps, exp.trainable(model_kind(task)))
+  make = lambda k: TrainState.create(
+      lora.adapt(k, transformer.init(k, exp.model), exp.lora, model_kind(task)), tx)
+  return exp.parallel.train_state(make, param_axes(exp, task), tx, jax.random.key(0),
                                   abstract=True)[0]
 
 
 def load_policy(exp: experiment.Experiment, task: str = "sft") -> Any:
   """The parameters of the finished run of `train(exp, task)` in `<workdir>/<task>` (for "sft":
-  what label, rm and ppo start from)."""
+  what label, rm and ppo start from), adapters merged: a plain model."""
   state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints",
                                          _state_template(exp, task), exp.config[task].steps, task)
-  return state.params
+  return lora.merged(state.params)
 
 
 def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:

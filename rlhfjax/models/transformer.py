@@ -13,6 +13,8 @@ form, optionally with Llama 3.1's frequency scaling, RMSNorm, SwiGLU, grouped-qu
 biases but optional q/k/v biases as in Qwen2), the latter laid out like Hugging Face's LLaMA so real
 checkpoints load unchanged.
 
+A tree may carry LoRA adapters under `lora` (models/lora.py); every projection adds those it finds.
+
 Padding: `mask` marks real tokens. A query attends to keys at the same or an earlier array index that
 are real; positions count real tokens only, so a left-padded prompt starts at position 0.
 """
@@ -26,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from rlhfjax.models import attention
+from rlhfjax.models import lora
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rules
 
@@ -167,13 +170,15 @@ def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
   return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
-def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
-  """Query, key and value projections [B,T,heads,Dh]: biases added (gpt2, or llama with
-  `qkv_bias`), then RoPE applied (llama), the order of Hugging Face's Qwen2."""
+def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig,
+         ad: Params | None = None, scale: jax.Array | None = None):
+  """Query, key and value projections [B,T,heads,Dh] (plus their LoRA adapters `ad`, if any):
+  biases added (gpt2, or llama with `qkv_bias`), then RoPE applied (llama), the order of Hugging
+  Face's Qwen2."""
   dt = x.dtype
-  q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt))
-  k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt))
-  v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dt))
+  q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt)) + lora.delta(x, ad, "q", scale)
+  k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt)) + lora.delta(x, ad, "k", scale)
+  v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dt)) + lora.delta(x, ad, "v", scale)
   if cfg.variant == "gpt2" or cfg.qkv_bias:
     q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
   if cfg.variant == "llama":
@@ -183,24 +188,27 @@ def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig):
 
 def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
             cfg: ModelConfig, rng: jax.Array | None, heads_major: bool,
+            ad: Params | None = None, scale: jax.Array | None = None,
             causal: bool = False) -> jax.Array:
   """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`)
   by the kernel `cfg.attention` names (see models/attention.py), then the output projection."""
   dt = q.dtype
   out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal, rng=rng)
-  out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt))
+  out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt)) + lora.delta(out, ad, "o", scale)
   if cfg.variant == "gpt2":
     out = out + p["o_bias"].astype(dt)
   return out
 
 
-def _mlp(p: Params, x: jax.Array, cfg: ModelConfig) -> jax.Array:
+def _mlp(p: Params, x: jax.Array, cfg: ModelConfig, ad: Params | None = None,
+         scale: jax.Array | None = None) -> jax.Array:
   dt = x.dtype
+  proj = lambda h, name: h @ p[name].astype(dt) + lora.delta(h, ad, name, scale)
   if cfg.variant == "gpt2":
-    hid = jax.nn.gelu(x @ p["wi"].astype(dt) + p["bi"].astype(dt), approximate=True)
-    return hid @ p["wo"].astype(dt) + p["bo"].astype(dt)
-  hid = jax.nn.silu(x @ p["wg"].astype(dt)) * (x @ p["wi"].astype(dt))
-  return hid @ p["wo"].astype(dt)
+    hid = jax.nn.gelu(proj(x, "wi") + p["bi"].astype(dt), approximate=True)
+    return proj(hid, "wo") + p["bo"].astype(dt)
+  hid = jax.nn.silu(proj(x, "wg")) * proj(x, "wi")
+  return proj(hid, "wo")
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -279,19 +287,28 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     x = _dropout(x, cfg.dropout, rngs[-1])
   x = rules.constrain(x, ACTIVATION_AXES)
 
-  def block(x, p, rng, kv):
+  # LoRA adapters (models/lora.py), if the tree carries them: per-layer trees beside the layers'.
+  adapters = params.get(lora.KEY)
+  scale = None if adapters is None else adapters["scale"]
+  ad_layers = None if adapters is None else {g: a for g, a in adapters.items() if g != "scale"}
+
+  def block(x, p, rng, kv, ad):
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
-    q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg)
+    ad_attn, ad_mlp = (None, None) if ad is None else (ad.get("attn"), ad.get("mlp"))
+    q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg, ad_attn, scale)
     if kv is None:  # Attend over the tokens themselves.
-      h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, causal=True)
+      h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, ad=ad_attn,
+                  scale=scale, causal=True)
       kv = (k, v) if keep_kv else None
     else:  # Write this call's keys/values at their slots, then attend over the whole cache.
       start = (0, 0, cache_index, 0)
       kv = tuple(jax.lax.dynamic_update_slice(c, new.transpose(0, 2, 1, 3).astype(c.dtype), start)
                  for c, new in zip(kv, (k, v)))
-      h = _attend(p["attn"], q, *kv, allowed, cfg, r[0], heads_major=True)
+      h = _attend(p["attn"], q, *kv, allowed, cfg, r[0], heads_major=True, ad=ad_attn,
+                  scale=scale)
     x = x + _dropout(h, cfg.dropout, r[1])
-    x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg), cfg.dropout, r[2])
+    x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
+                     r[2])
     return rules.constrain(x, ACTIVATION_AXES), kv
 
   if cfg.remat:
@@ -299,16 +316,17 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
   layer_rngs = None if rngs is None else rngs[:-1]
   if cache is None and cfg.scan_layers:
     def layer(x, inputs):
-      return block(x, *inputs, None)
+      p, rng, ad = inputs
+      return block(x, p, rng, None, ad)
 
-    x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs))
+    x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs, ad_layers))
     return _norm(x, params["final_norm"], cfg), None, kv
   # A decode step, or unrolled layers (scan_layers=False): one layer after another.
   kvs = []
   for i in range(cfg.n_layers):
-    p = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+    p, ad = jax.tree.map(lambda a, i=i: a[i], (params["layers"], ad_layers))
     kv = None if cache is None else (cache["k"][i], cache["v"][i])
-    x, kv = block(x, p, None if layer_rngs is None else layer_rngs[i], kv)
+    x, kv = block(x, p, None if layer_rngs is None else layer_rngs[i], kv, ad)
     kvs.append(kv)
   x = _norm(x, params["final_norm"], cfg)
   if cache is None:

@@ -15,6 +15,7 @@ which and why).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -147,6 +148,69 @@ def sft_step_lowered(cfg: ModelConfig, par: Any, c: Any, seq_len: int) -> Any:
   return step.lower(state, batch, jax.random.key(0))
 
 
+def per_device_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of sharded arrays or ShapeDtypeStructs (the largest shard)."""
+  def one(x):
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape
+    return math.prod(shape) * jnp.dtype(x.dtype).itemsize
+  return int(sum(one(x) for x in jax.tree.leaves(tree)))
+
+
+def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
+  """What a PPO run of `config` holds per device with LoRA adapters of `rank` on its policy and
+  value model (0: full fine-tuning): trained parameters, AdamW state, the reference policy (none of
+  its own under LoRA: the policy's base), the reward model; and XLA's bytes for the PPO step
+  (arguments: all of those plus the batch; temporaries: gradients, activations)."""
+  from rlhfjax.algorithms import ppo  # pylint: disable=g-import-not-at-top
+  from rlhfjax.algorithms import reward_model  # pylint: disable=g-import-not-at-top
+  from rlhfjax.models import lora  # pylint: disable=g-import-not-at-top
+  from rlhfjax.training import experiment  # pylint: disable=g-import-not-at-top
+  lcfg = dataclasses.replace(lora.from_config(config.get("lora")), rank=rank,
+                             models=("policy", "value"))
+  exp = experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg)
+  c = config.ppo
+  state = ppo._state_template(exp)  # pylint: disable=protected-access
+  reward = reward_model.model_template(exp)
+  ref = None if rank else ppo.frozen(state.params["policy"], c.frozen_dtype)
+  if ref is not None:  # A separate frozen copy, laid out like the policy.
+    ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),
+                       ref, state.params["policy"])
+  tx = ppo.adamw(c, exp.trainable("policy", "value"))
+  b, p_len, r_len = c.rollout_batch, config.format.prompt_len, config.format.response_len
+  batch = {k: jax.ShapeDtypeStruct((b, n), np.int32 if "mask" not in k else bool,
+                                   sharding=par.batch)
+           for k, n in (("prompt", p_len), ("prompt_mask", p_len), ("response", r_len),
+                        ("response_mask", r_len))}
+  shardings = jax.tree.map(lambda x: x.sharding, state)
+  step = par.jit(functools.partial(ppo.train_step, cfg=dataclasses.replace(cfg, dropout=0.0), c=c,
+                                   tx=tx, eos_id=2),
+                 (shardings, None if ref is None else shardings.params["policy"],
+                  jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
+                 (shardings, par.replicated), (0,))
+  xla = xla_step_bytes(step.lower(state, ref, reward, batch, jax.random.key(0)))
+  trained, total = lora.count(state.params)
+  out = {"lora_rank": rank, "trained_params": trained, "params": total,
+         "policy_and_value": per_device_bytes(state.params),
+         "optimizer": per_device_bytes(state.opt_state),
+         "reference": per_device_bytes(ref), "reward_model": per_device_bytes(reward)}
+  out["held"] = sum(out[k] for k in ("policy_and_value", "optimizer", "reference", "reward_model"))
+  return {**out, "xla_ppo_step": xla}
+
+
+def format_ppo_held(rows: dict[str, dict]) -> str:
+  """A markdown table of `ppo_held` results, MiB per device."""
+  keys = ("policy_and_value", "optimizer", "reference", "reward_model", "held")
+  lines = ["| PPO | trained params | " + " | ".join(keys) + " | XLA step args | XLA step temps |",
+           "|---|---|" + "---|" * (len(keys) + 2)]
+  mib = lambda n: f"{n / 2**20:.2f}"
+  for name, r in rows.items():
+    lines.append(f"| {name} | {r['trained_params']:,} of {r['params']:,} | "
+                 + " | ".join(mib(r[k]) for k in keys)
+                 + f" | {mib(r['xla_ppo_step']['arguments'])}"
+                 f" | {mib(r['xla_ppo_step']['temporaries'])} |")
+  return "\n".join(lines) + "\n\n(MiB per device)"
+
+
 def run(config: Any, workdir: str) -> dict:
   """task=memory: the plan for this config's model and mesh (SFT step, RM step, PPO rollout) beside
   what XLA allocates for the SFT step; writes `<workdir>/memory.json`."""
@@ -163,13 +227,18 @@ def run(config: Any, workdir: str) -> dict:
                                config.ppo.rollout_batch, logit_tokens=r_len)}
   xla = xla_step_bytes(sft_step_lowered(cfg, par, config.sft, seq))
   sft_plan = plans["sft step"]
-  report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla}
+  rank = config.lora.rank if config.get("lora") and config.lora.rank else 8
+  ppo_rows = {"full": ppo_held(config, par, cfg, 0),
+              f"LoRA r={rank}": ppo_held(config, par, cfg, rank)}
+  report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla, "ppo": ppo_rows}
   metrics.info(f"mesh {dict(par.mesh.shape)}, {sft_plan['param_count'] / 1e6:.1f}M parameters "
                f"({sft_plan['params_total'] / 2**20:.1f} MiB in all)\n" + format_plan(plans) +
                f"\n\nXLA, SFT step per device: arguments {xla['arguments'] / 2**20:.2f} MiB (plan: "
                f"params + optimizer + batch), temporaries {xla['temporaries'] / 2**20:.2f} MiB "
                f"(plan: gradients + activations "
-               f"{(sft_plan['gradients'] + sft_plan['activations']) / 2**20:.2f} MiB)")
+               f"{(sft_plan['gradients'] + sft_plan['activations']) / 2**20:.2f} MiB)\n\n"
+               "What a PPO run holds, full fine-tuning against LoRA on the policy and value "
+               "model (the reference is then the policy's own base):\n" + format_ppo_held(ppo_rows))
   os.makedirs(workdir, exist_ok=True)
   experiment.write_json(os.path.join(workdir, "memory.json"), report)
   return report

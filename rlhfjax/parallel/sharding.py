@@ -64,8 +64,10 @@ class Parallel:
   def state_shardings(self, state: Any, params: Any, tx: optax.GradientTransformation) -> Any:
     """Shardings of a train state (a flax struct with `params` and `opt_state`): parameters as
     given, optimizer moments like their parameters, every other leaf replicated."""
-    opt = optax.tree_map_params(tx, lambda _, s: s, state.opt_state, params,
-                                transform_non_params=lambda _: self.replicated)
+    # Leaves an optimizer holds no state for (optax.MaskedNode: frozen LoRA bases) stay empty.
+    masked = lambda x: isinstance(x, optax.MaskedNode)
+    opt = optax.tree_map_params(tx, lambda x, s: x if masked(x) else s, state.opt_state, params,
+                                transform_non_params=lambda _: self.replicated, is_leaf=masked)
     rest = jax.tree.map(lambda _: self.replicated, state)
     return rest.replace(params=params, opt_state=opt)
 

@@ -18,6 +18,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.data import tokenizer as tokenizer_lib
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax.models import lora
 from rlhfjax.models import pretrained
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import Parallel
@@ -32,11 +33,24 @@ class Experiment:
   model: ModelConfig
   parallel: Parallel  # The Mesh every array of this run lives on (config.mesh).
   init_from: str = ""  # The pretrained checkpoint SFT starts from (`model.init_from`, resolved).
+  lora: lora.LoraConfig = lora.LoraConfig()  # Adapters of the trained models (config `lora`).
 
   def task_dir(self, task: str) -> str:
     path = os.path.join(self.workdir, task)
     os.makedirs(path, exist_ok=True)
     return path
+
+  def trainable(self, *models: str):
+    """What the optimizer of `models` (of lora.MODELS) may move: `lora.trainable` when one of them
+    takes adapters, else None (everything)."""
+    return lora.trainable if any(self.lora.applies_to(m) for m in models) else None
+
+  def lora_meta(self, model: str) -> dict:
+    """The adapter settings of `model` for a run's meta (resuming under others is refused)."""
+    if not self.lora.applies_to(model):
+      return {}
+    # As JSON stores it (lists, not tuples), so a resumed run compares equal.
+    return {"lora": json.loads(json.dumps(dataclasses.asdict(self.lora)))}
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
@@ -69,7 +83,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
                      f"({needed})")
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
   return Experiment(config, workdir, splits, tok, model, Parallel.from_config(config.mesh),
-                    init_from)
+                    init_from, lora.from_config(config.get("lora")))
 
 
 def write_json(path: str, obj: Any) -> None:

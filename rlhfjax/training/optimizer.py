@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+import jax
 import optax
 
 from rlhfjax.errors import ConfigError
@@ -33,10 +34,13 @@ def learning_rate_schedule(cfg: Mapping[str, Any], total_steps: int) -> optax.Sc
   return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
-def adamw(cfg: Mapping[str, Any], total_steps: int) -> optax.GradientTransformation:
+def adamw(cfg: Mapping[str, Any], total_steps: int,
+          trainable: Callable[[Any], Any] | None = None) -> optax.GradientTransformation:
   """Global-norm gradient clipping (if `grad_clip` > 0) then AdamW on the schedule above.
 
-  Keys: those of `learning_rate_schedule`, plus b1, b2, eps, weight_decay, grad_clip.
+  Keys: those of `learning_rate_schedule`, plus b1, b2, eps, weight_decay, grad_clip. With
+  `trainable` (params -> a tree of bools, e.g. `lora.trainable`) only the marked leaves are
+  clipped, decayed and updated, and only they hold AdamW moments; the others never move.
   """
   schedule = learning_rate_schedule(cfg, total_steps)
   parts = []
@@ -44,4 +48,8 @@ def adamw(cfg: Mapping[str, Any], total_steps: int) -> optax.GradientTransformat
     parts.append(optax.clip_by_global_norm(float(cfg["grad_clip"])))
   parts.append(optax.adamw(schedule, b1=float(cfg["b1"]), b2=float(cfg["b2"]), eps=float(cfg["eps"]),
                            weight_decay=float(cfg["weight_decay"])))
-  return optax.chain(*parts)
+  tx = optax.chain(*parts)
+  if trainable is None:
+    return tx
+  labels = lambda params: jax.tree.map(lambda t: "train" if t else "frozen", trainable(params))
+  return optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
