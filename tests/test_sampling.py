@@ -87,3 +87,16 @@ def test_eos_stops_and_pads():
     else:
       assert n == 10 and (row == ref).all()
   assert out.lengths[0] <= 4
+
+
+def test_k_samples_share_one_prefill_and_equal_sampling_repeated_prompts():
+  scfg = sampling.SamplingConfig(max_new_tokens=5, eos_id=1, pad_id=0, temperature=1.0)
+  shared = jax.tree.map(np.asarray, sampling.sample(PARAMS, PROMPTS, MASK, jax.random.key(3), CFG,
+                                                    scfg, k=3))
+  repeated = _sample(scfg, prompts=jnp.repeat(PROMPTS, 3, 0), mask=jnp.repeat(MASK, 3, 0), seed=3)
+  assert shared.tokens.shape == (3 * PROMPTS.shape[0], 5)
+  np.testing.assert_array_equal(shared.tokens, repeated.tokens)
+  np.testing.assert_array_equal(shared.lengths, repeated.lengths)
+  # A prefill of fewer rows may block its matmuls differently: log-probs agree to float rounding.
+  np.testing.assert_allclose(shared.logprobs, repeated.logprobs, atol=1e-6)
+  assert not np.array_equal(shared.tokens[0], shared.tokens[1])  # Samples of one prompt differ.

@@ -1,6 +1,7 @@
 """The rlhfjax side of the peer comparison: the same works, shapes and settings as torch_side.py.
 
-  python bench/peers/jax_side.py --work {sample,prefill,rm,ppo,peak} [--json OUT] [--repeats 3]
+  python bench/peers/jax_side.py --work {sample,prefill,rm,ppo,rloo,peak} [--json OUT]
+      [--repeats 3]
 
 The model is the GPT-2 shape of the comparison (4 layers, d_model 256, 4 heads, d_ff 1024, vocab
 2,000, float32, random weights) with the settings for long sequences on a CPU: `--attention
@@ -22,6 +23,8 @@ run. Asserts nothing.
   tokens: 32 sequences of 560 in one forward pass.
 - ppo: one `ppo.train_step` on 16 episodes of 512 + 48 tokens (experience with policy, reference,
   value and reward models, then 4 epochs of one 16-episode minibatch, separate value network).
+- rloo: one whole RLOO iteration, sampling included: 16 prompts of 512 tokens (left-padded) x 2
+  samples of 48 tokens, then `rloo.train_step` (2 epochs of minibatches of 16).
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from throughput import load_config, matmul_params, matmul_peak  # noqa: E402  (bench/ is not a package)
 
+from rlhfjax.algorithms import online  # noqa: E402
 from rlhfjax.algorithms import ppo  # noqa: E402
 from rlhfjax.algorithms import reward_model  # noqa: E402
+from rlhfjax.algorithms import rloo  # noqa: E402
 from rlhfjax.models import heads  # noqa: E402
 from rlhfjax.models import sampling  # noqa: E402
 from rlhfjax.models import transformer  # noqa: E402
@@ -51,6 +56,7 @@ from rlhfjax.training.state import TrainState  # noqa: E402
 
 BATCH, PROMPT, NEW = 64, 512, 48
 PAIRS, EPISODES, EPOCHS = 16, 16, 4
+RLOO_PROMPTS, EPOCHS_RLOO = 16, 2  # RLOO: 16 prompts x k = 2 samples, 2 epochs of minibatch 16.
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "configs",
                       "tldr_sim.py")
 
@@ -167,6 +173,53 @@ def work_ppo(cfg: ModelConfig, repeats: int) -> dict:
           "episodes": EPISODES, "epochs": EPOCHS, "episodes_per_s": EPISODES / best}
 
 
+def work_rloo(cfg: ModelConfig, repeats: int) -> dict:
+  """One RLOO iteration as task=rloo runs it: sample k = 2 responses to each of RLOO_PROMPTS
+  left-padded prompts (48 new tokens, eos disabled), then one `rloo.train_step` (experience with
+  policy, reference and reward models; `EPOCHS_RLOO` epochs of minibatches of 16)."""
+  rng = np.random.default_rng(0)
+  config = load_config(CONFIG)
+  c = config.rloo
+  n = RLOO_PROMPTS * c.k
+  c.update(rollout_batch=n, minibatch_size=16, epochs=EPOCHS_RLOO)
+  keys = jax.random.split(jax.random.key(0), 3)
+  policy = transformer.init(keys[0], cfg)
+  reward = {"backbone": transformer.init(keys[1], cfg),
+            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
+  tx = online.adamw(c, online.minibatch_updates_per_step(c))
+  state = [TrainState.create({"policy": jax.tree.map(jnp.copy, policy)}, tx)]
+  step = jax.jit(functools.partial(rloo.train_step, cfg=cfg, c=c, tx=tx, eos_id=-1),
+                 donate_argnums=0)
+  unique, unique_mask = left_padded_prompts(rng, RLOO_PROMPTS, cfg)
+  # k adjacent samples of each prompt, which the sampler prefills once (as task=rloo does).
+  prompts, mask = np.repeat(unique, c.k, 0), np.repeat(unique_mask, c.k, 0)
+  scfg = sampling.SamplingConfig(max_new_tokens=NEW, temperature=c.temperature, eos_id=-1, pad_id=0)
+  calls = [0]
+
+  def call():
+    calls[0] += 1
+    key = jax.random.key(calls[0])
+    out = sampling.sample(state[0].params["policy"], unique, unique_mask, key, cfg, scfg, k=c.k)
+    batch = {"prompt": prompts, "prompt_mask": mask, "response": out.tokens,
+             "response_mask": np.ones((n, NEW), bool)}
+    state[0], m = step(state[0], policy, reward, batch, jax.random.fold_in(key, 1))
+    return m
+
+  best, times = best_seconds(call, repeats)
+  seq = PROMPT + NEW
+  # Sampling as work_sample, the prefill once per prompt; experience: policy, reference and reward
+  # forwards; each epoch: policy forward + backward.
+  sample = (forward_flops(cfg, RLOO_PROMPTS * PROMPT, PROMPT)
+            + forward_flops(cfg, n * (NEW - 1), seq))
+  least_sample = (forward_flops(cfg, RLOO_PROMPTS * PROMPT, PROMPT / 2)
+                  + forward_flops(cfg, n * (NEW - 1), PROMPT + NEW / 2))
+  passes = 3 + 3 * EPOCHS_RLOO
+  return {"seconds": best, "all": times, "flops": sample + forward_flops(cfg, n * seq, seq) * passes,
+          "least_flops": least_sample + forward_flops(cfg, n * seq, seq / 2) * passes,
+          "episodes": n, "prompts": RLOO_PROMPTS, "k": c.k, "epochs": EPOCHS_RLOO,
+          "episodes_per_s": n / best}
+
+
 def work_peak(n: int = 2048) -> dict:
   """bench/throughput.py's measured float32 matmul peak, as a work report."""
   flops = 2.0 * n**3
@@ -175,7 +228,8 @@ def work_peak(n: int = 2048) -> dict:
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--work", required=True, choices=("sample", "prefill", "rm", "ppo", "peak"))
+  ap.add_argument("--work", required=True,
+                  choices=("sample", "prefill", "rm", "ppo", "rloo", "peak"))
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--attention", default="chunked")
   ap.add_argument("--chunk", type=int, default=128, help="queries per block of 'chunked'")
@@ -191,6 +245,8 @@ def main() -> None:
     out = work_rm(cfg, args.repeats)
   elif args.work == "ppo":
     out = work_ppo(cfg, args.repeats)
+  elif args.work == "rloo":
+    out = work_rloo(cfg, args.repeats)
   else:
     out = work_peak()
   out = {"work": args.work, "side": "rlhfjax", "attention": args.attention, "chunk": args.chunk,

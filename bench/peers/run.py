@@ -1,7 +1,7 @@
 """rlhfjax against the PyTorch stack on this machine: the table of speed ratios.
 
-  sh bench/peers/setup.sh                      # once: .venv-peers with torch (CPU) + transformers
-  python bench/peers/run.py [--works sample,prefill,rm,ppo] [--repeats 3] [--json out.json]
+  sh bench/peers/setup.sh                      # once: .venv-peers with torch (CPU), transformers, trl
+  python bench/peers/run.py [--works sample,prefill,rm,ppo,rloo] [--repeats 3] [--json out.json]
 
 Each work runs in its own fresh process, PyTorch side first, then rlhfjax, one after the other (never
 both at once), with the same thread count (`--threads`, default 2: torch.set_num_threads on one side,
@@ -28,7 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1000000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
           "MALLOC_TOP_PAD_": "1073741824"}
 UNITS = {"sample": ("tokens_per_s", "new tok/s"), "prefill": ("prompt_tokens_per_s", "prompt tok/s"),
-         "rm": ("tokens_per_s", "tok/s"), "ppo": ("episodes_per_s", "episodes/s")}
+         "rm": ("tokens_per_s", "tok/s"), "ppo": ("episodes_per_s", "episodes/s"),
+         "rloo": ("episodes_per_s", "episodes/s")}
 
 
 def run_side(python: str, script: str, work: str, repeats: int, threads: int,
@@ -50,7 +51,7 @@ def run_side(python: str, script: str, work: str, repeats: int, threads: int,
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--works", default="sample,prefill,rm,ppo")
+  ap.add_argument("--works", default="sample,prefill,rm,ppo,rloo")
   ap.add_argument("--repeats", type=int, default=3)
   ap.add_argument("--threads", type=int, default=2)
   ap.add_argument("--torch-python", default=os.path.join(ROOT, ".venv-peers", "bin", "python"))

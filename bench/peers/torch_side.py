@@ -1,6 +1,6 @@
 """PyTorch/transformers side of the speed comparison: the same works, timed in eager PyTorch (CPU).
 
-  .venv-peers/bin/python bench/peers/torch_side.py --work {sample,prefill,rm,ppo} [--json OUT]
+  .venv-peers/bin/python bench/peers/torch_side.py --work {sample,prefill,rm,ppo,rloo} [--json OUT]
       [--repeats 3] [--small]
 
 Model: `transformers.GPT2Config(vocab_size=2000, n_positions=1024, n_embd=256, n_layer=4, n_head=4,
@@ -30,6 +30,12 @@ Works (one call of each is what gets timed; `--small` shrinks every shape for sm
            (c) 4 epochs x 1 minibatch of all 16: clipped surrogate (0.2) + 0.1 * clipped value loss
                (0.2), backward, clip_grad_norm 1.0 over policy + value, one AdamW step, zero_grad.
            Reports episodes/s = 16 / seconds.
+  rloo     TRL's RLOOTrainer (trl, installed by setup.sh): per iteration, 16 left-padded prompts
+           as above x 2 completions of exactly 48 tokens by `generate`, a GPT-2 reward model
+           (GPT2ForSequenceClassification, 1 label) on the decoded texts, then 2 epochs
+           (`num_iterations`) of minibatches of 16; RLOOConfig's other defaults (beta 0.05).
+           One warm-up iteration, then `--repeats` timed ones (TRL's own loop, logging off).
+           Reports episodes/s = 32 / seconds.
 Log-probs/values at response token t come from position t-1 (positions P-1 .. P+R-2); the LM head is
 applied only there (`logits_to_keep`). Position ids follow the attention mask (left padding).
 
@@ -44,6 +50,7 @@ import copy
 import dataclasses
 import json
 import os
+import tempfile
 import time
 from typing import Callable
 
@@ -226,7 +233,72 @@ def ppo_work(shapes: Shapes, epochs: int = 4, kl_coef: float = 0.05, gamma: floa
                 "rate_name": "episodes/s", "rate_numerator": shapes.episodes}
 
 
-WORKS = {"sample": sample_work, "prefill": prefill_work, "rm": rm_work, "ppo": ppo_work}
+def word_tokenizer(vocab: int) -> transformers.PreTrainedTokenizerFast:
+  """A whitespace word-level tokenizer over the ids 0..vocab-1 written "t<id>" (no download): a
+  prompt of n such words is n tokens, and TRL's decode / re-encode round trip is exact."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  words = {f"t{i}": i for i in range(vocab)}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="t3"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  tok.decoder = tokenizers.decoders.WordPiece(prefix="##", cleanup=False)  # Joins with spaces.
+  return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=f"t{PAD}",
+                                               eos_token="t1", unk_token="t3", padding_side="left")
+
+
+def rloo_work(shapes: Shapes, prompts: int = 16, k: int = 2, epochs: int = 2,
+              minibatch: int = 16, repeats: int = 3) -> tuple[None, dict]:
+  """TRL's RLOOTrainer: `repeats` + 1 iterations, each sampling k completions of exactly `new`
+  tokens for `prompts` left-padded prompts with `generate`, scoring them with a GPT-2 reward model
+  (GPT2ForSequenceClassification), then `epochs` passes (TRL's `num_iterations`) of minibatches of
+  `minibatch`. Its own `RLOOConfig` settings otherwise (beta 0.05, AdamW). The first iteration is
+  the untimed warm-up; each later one is timed from its first optimizer step to the next
+  iteration's (generation included)."""
+  import datasets  # pylint: disable=g-import-not-at-top
+  import trl  # pylint: disable=g-import-not-at-top
+  config = gpt2_config(shapes)
+  tokenizer = word_tokenizer(config.vocab_size)
+  # TRL builds the reference from the policy's path: both models go through a local directory.
+  workdir = tempfile.mkdtemp()
+  policy, reward = os.path.join(workdir, "policy"), os.path.join(workdir, "reward")
+  transformers.GPT2LMHeadModel(config).save_pretrained(policy)
+  transformers.GPT2ForSequenceClassification(
+      transformers.GPT2Config(**{**config.to_dict(), "num_labels": 1})).save_pretrained(reward)
+  ids, mask = left_padded(np.random.default_rng(0), prompts, shapes.prompt, shapes.min_prompt)
+  texts = [" ".join(f"t{i}" for i in row[m.bool()].tolist()) for row, m in zip(ids, mask)]
+  steps_per_iteration = epochs * (prompts * k // minibatch)
+  stamps: list[float] = []
+
+  class Clock(transformers.TrainerCallback):
+    def on_step_begin(self, args, state, control, **kwargs):
+      if state.global_step % steps_per_iteration == 0:
+        stamps.append(time.perf_counter())
+
+    def on_train_end(self, args, state, control, **kwargs):
+      stamps.append(time.perf_counter())
+
+  args = trl.RLOOConfig(
+      output_dir=os.path.join(workdir, "out"), per_device_train_batch_size=minibatch,
+      steps_per_generation=prompts * k // minibatch, num_generations=k, num_iterations=epochs,
+      max_completion_length=shapes.new, temperature=1.0, top_k=0, top_p=1.0,
+      generation_kwargs={"min_new_tokens": shapes.new}, beta=0.05, learning_rate=1e-5,
+      max_steps=(repeats + 1) * steps_per_iteration, logging_steps=1_000_000, save_strategy="no",
+      report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False,  # As rlhfjax: no remat.
+      seed=0, shuffle_dataset=False,
+      dataloader_num_workers=0)
+  dataset = datasets.Dataset.from_dict({"prompt": texts * (repeats + 2)})
+  trainer = trl.RLOOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
+                            processing_class=tokenizer, reward_processing_classes=tokenizer,
+                            callbacks=[Clock()])
+  trainer.train()
+  times = list(np.diff(stamps))[1:]  # Iteration 0 warms up.
+  return None, {"times": times, "episodes": prompts * k, "prompts": prompts, "k": k,
+                "epochs": epochs, "prompt_len": shapes.prompt, "response_len": shapes.new,
+                "trl": trl.__version__, "attn_implementation": config._attn_implementation,
+                "rate_name": "episodes/s", "rate_numerator": prompts * k}
+
+
+WORKS = {"sample": sample_work, "prefill": prefill_work, "rm": rm_work, "ppo": ppo_work,
+         "rloo": rloo_work}
 
 
 def main() -> None:
@@ -241,13 +313,17 @@ def main() -> None:
   torch.manual_seed(0)
   torch.set_default_dtype(torch.float32)
   shapes = SMALL if args.small else FULL
-  call, info = WORKS[args.work](shapes)
-  call()  # warm-up, untimed
-  times = []
-  for _ in range(args.repeats):
-    start = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - start)
+  if args.work == "rloo":  # TRL's trainer runs its own loop and times its iterations.
+    _, info = rloo_work(shapes, repeats=args.repeats)
+    times = info.pop("times")
+  else:
+    call, info = WORKS[args.work](shapes)
+    call()  # warm-up, untimed
+    times = []
+    for _ in range(args.repeats):
+      start = time.perf_counter()
+      call()
+      times.append(time.perf_counter() - start)
   best = min(times)
   rate = info["rate_numerator"] / best
   result = {"work": args.work, "seconds": best, "all": times, "rate": rate,

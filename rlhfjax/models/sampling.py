@@ -109,13 +109,20 @@ def decode_step(params, cache: transformer.Cache, logits: jax.Array, done: jax.A
   return cache, transformer.lm_logits(params, hidden[:, 0], cfg), done, (token, logp, emitted)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scfg"))
+@functools.partial(jax.jit, static_argnames=("cfg", "scfg", "k"))
 def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
-           cfg: ModelConfig, scfg: SamplingConfig) -> SampleOutput:
-  """Samples `scfg.max_new_tokens` tokens after left-padded prompts [B,P]."""
-  batch, plen = prompt_tokens.shape
+           cfg: ModelConfig, scfg: SamplingConfig, k: int = 1) -> SampleOutput:
+  """Samples `scfg.max_new_tokens` tokens after left-padded prompts [B,P]; with `k` > 1, `k`
+  samples of each prompt (rows [B*k], a prompt's samples adjacent). The prompts are prefilled once
+  and their cache copied k times: the same samples as prefilling each repeated row, for 1/k of
+  the prefill."""
+  plen = prompt_tokens.shape[1]
   cache, logits = prefill(params, prompt_tokens, prompt_mask, cfg, scfg.max_new_tokens)
   first_position = prompt_mask.astype(jnp.int32).sum(-1)
+  if k > 1:
+    cache, logits, first_position = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0),
+                                                 (cache, logits, first_position))
+  batch = logits.shape[0]
 
   def step(carry, i):
     cache, logits, done, out = decode_step(params, *carry, i, rng, first_position, cfg, scfg, plen)

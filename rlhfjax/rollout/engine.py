@@ -52,9 +52,9 @@ def sample_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: expe
                  k: int = 1) -> pipeline.Batch:
   """`k` sampled responses per prompt (padding after the first eos), with their prompts and the
   response mask: a batch of `k` × prompts rows, each prompt's samples adjacent."""
-  prompts = repeat_prompts({"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"]}, k)
   out = sampling.sample(params, prompts["prompt"], prompts["prompt_mask"], rng, exp.model,
-                        sampling_config(exp, temperature, top_k, top_p))
+                        sampling_config(exp, temperature, top_k, top_p), k=k)
+  prompts = repeat_prompts({"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"]}, k)
   mask = jnp.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
   return {"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"],
           "response": out.tokens, "response_mask": mask}
