@@ -44,9 +44,9 @@ from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 Step = Callable[[Any, Any, Any, pipeline.Batch, jax.Array], tuple[Any, dict[str, jax.Array]]]
-# Host-side labels for a sampled batch (online DPO with an annotator pool): (batch, the examples of
-# its rows, the step) -> extra batch arrays.
-Annotate = Callable[[pipeline.Batch, list, int], dict[str, np.ndarray]]
+# Host-side labels for a sampled batch (online DPO with an annotator pool): (its decoded responses,
+# the examples of its rows, the step) -> extra batch arrays.
+Annotate = Callable[[list[str], list, int], dict[str, np.ndarray]]
 _NOT_IN_META = ("log_every", "eval_every", "eval_examples")
 
 
@@ -191,15 +191,16 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     batch = engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
                                 k_sample, exp, c.temperature, k=k)
     rows = [examples[i] for i in idx for _ in range(k)]
+    # Decoded once, for the annotators and the gold reward alike.
+    texts = engine.decode(exp, batch["response"]) if annotate or with_gold else None
     if annotate is not None:
-      batch.update(exp.parallel.put(annotate(batch, rows, step), exp.parallel.batch))
+      batch.update(exp.parallel.put(annotate(texts, rows, step), exp.parallel.batch))
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     state, m = step_fn(state, ref_params, reward_params, batch, k_update)
     m = {name: float(v) for name, v in m.items()}
     if with_gold:
-      m["objective/gold"] = float(gold.gold_rewards(rows, engine.decode(exp, batch["response"]))
-                                  .mean())
+      m["objective/gold"] = float(gold.gold_rewards(rows, texts).mean())
     t2 = time.perf_counter()
     timing["generate"] += t1 - t0
     timing["total"] += t2 - t0

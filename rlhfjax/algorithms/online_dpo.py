@@ -97,8 +97,7 @@ def pool_annotate(exp: experiment.Experiment) -> online.Annotate | None:
     return None
   judge = annotators.build(c.judge, exp.config.annotators)
 
-  def annotate(batch: pipeline.Batch, rows: list, step: int) -> dict[str, np.ndarray]:
-    texts = engine.decode(exp, batch["response"])
+  def annotate(texts: list[str], rows: list, step: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([exp.config.seed, 13, step])
     labels = judge.annotate(rows[0::2], texts[0::2], texts[1::2], rng)
     return {PREFERENCE: (np.asarray(labels) == 1).astype(np.int32)}
