@@ -185,6 +185,11 @@ def test_ppo_with_lora_keeps_one_backbone():
   assert not any(jax.tree.leaves(lora.strip(moved["policy"])))  # The reference never moves.
   assert any(jax.tree.leaves(moved["policy"][lora.KEY]))
   assert moved["value"]["head"]["kernel"]
+  # Adapters on neither PPO model: the plain optimizer state, as `ppo.train` builds its optimizer.
+  plain = ppo.init_state(exp, policy, reward, lcfg=lora.LoraConfig(rank=4, models=("sft", "rm")))
+  assert not lora.has_adapters(plain.params)
+  assert (jax.tree.structure(plain.opt_state)
+          == jax.tree.structure(ppo.adamw(c).init(plain.params)))
 
 
 def test_memory_task_shows_a_lora_ppo_run_holds_one_backbone(tiny_config):

@@ -115,13 +115,9 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx)
-  kl_sum = (e["logprobs"] - e["ref_logprobs"]).sum(-1)
-  stats = {"objective/kl": kl_sum.mean(), "objective/entropy": e["entropy"].sum(-1).mean(),
-           "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
+  stats = {**online.rollout_stats(e, batch, eos_id),
            "reward": rewards.mean(), "reward_std": group_std.mean(),
-           "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean(),
-           "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
-           "response/length": m.sum(-1).mean()}
+           "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean()}
   return state, {**stats, **update_stats}
 
 

@@ -87,6 +87,18 @@ def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                            no_eos_score=c.no_eos_score if c.penalize_no_eos else None)
 
 
+def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,
+                  eos_id: int) -> dict[str, jax.Array]:
+  """TRL's rollout metrics every critic-free method logs, from `experience`'s output: the summed
+  per-token KL (log π − log π_ref) and entropy, the scores before and after the truncation rule,
+  the eos count and the mean response length."""
+  return {"objective/kl": (e["logprobs"] - e["ref_logprobs"]).sum(-1).mean(),
+          "objective/entropy": e["entropy"].sum(-1).mean(),
+          "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
+          "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+          "response/length": batch["response_mask"].astype(jnp.float32).sum(-1).mean()}
+
+
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   """Mean of `x` over the entries where `mask` is set (0 when none is)."""
   return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)

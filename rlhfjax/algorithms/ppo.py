@@ -277,7 +277,9 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict, *,
     if "value" in params:
       params["value"] = {**params["value"], "backbone": lora.adapt(
           k_value, params["value"]["backbone"], lcfg, "value")}
-  tx = adamw(c, lora.trainable if lcfg.rank else None)
+  # The rule of `Experiment.trainable('policy', 'value')`: the same optimizer state layout as train.
+  adapted = lcfg.applies_to("policy") or lcfg.applies_to("value")
+  tx = adamw(c, lora.trainable if adapted else None)
   return PPOState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
 

@@ -69,7 +69,6 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   """Experience (log-probs, scores, leave-one-out advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id)
-  m = batch["response_mask"].astype(jnp.float32)
   kl = e["logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
   data = {**batch, "old_logprobs": e["logprobs"], "advantages": adv}
@@ -85,13 +84,9 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx)
-  kl_sum = kl.sum(-1)
-  stats = {"objective/kl": kl_sum.mean(), "objective/entropy": e["entropy"].sum(-1).mean(),
-           "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
-           "objective/non_score_reward": (-c.kl_coef * kl_sum).mean(),
-           "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std(),
-           "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
-           "response/length": m.sum(-1).mean()}
+  stats = {**online.rollout_stats(e, batch, eos_id),
+           "objective/non_score_reward": (-c.kl_coef * kl.sum(-1)).mean(),
+           "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std()}
   return state, {**stats, **update_stats}
 
 
