@@ -12,8 +12,10 @@ updates). The first iteration compiles and is not timed. The update's model FLOP
 as bench/throughput.py) are compared with this device's measured matmul peak: PPO runs policy and
 value forward+backward per epoch after the experience forwards of policy, reference, value and
 reward; RLOO and GRPO have no value model (policy forward+backward per epoch after policy,
-reference and reward forwards); with `--lora`, adapters on the trained models and a backward pass without base
-weight gradients. Prints numbers; asserts nothing.
+reference and reward forwards), and with `share_prompt` (the default) each of their passes runs a
+prompt once with its k responses packed after it, so the FLOPs count those packed rows; with
+`--lora`, adapters on the trained models and a backward pass without base weight gradients. Prints
+numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -82,14 +84,17 @@ def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: i
   lengths = rng.integers(plen // 2, plen + 1, n // k)
   pmask = np.arange(plen)[None, :] >= (plen - lengths)[:, None]
   prompts[~pmask] = 0
-  prompts, pmask = np.repeat(prompts, k, 0), np.repeat(pmask, k, 0)  # k adjacent samples each.
+  # k adjacent samples of each prompt, which the sampler prefills once (as the tasks do).
+  repeated, repeated_mask = np.repeat(prompts, k, 0), np.repeat(pmask, k, 0)
 
   gen_s, upd_s, tokens = [], [], []
   for i in range(iterations + 1):
     t0 = time.perf_counter()
-    out = sampling.sample(state.params["policy"], prompts, pmask, jax.random.key(i), cfg, scfg)
+    out = sampling.sample(state.params["policy"], prompts, pmask, jax.random.key(i), cfg, scfg,
+                          k=k)
     mask = jnp.arange(rlen)[None] < out.lengths[:, None]
-    batch = {"prompt": prompts, "prompt_mask": pmask, "response": out.tokens, "response_mask": mask}
+    batch = {"prompt": repeated, "prompt_mask": repeated_mask, "response": out.tokens,
+             "response_mask": mask}
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     state, m = step(state, ref, reward, batch, jax.random.key(100 + i))
@@ -100,9 +105,11 @@ def measure(method: str, config, cfg: ModelConfig, policy, reward, iterations: i
       upd_s.append(t2 - t1)
       tokens.append(int(np.asarray(out.lengths).sum()))
   gen, upd = float(np.mean(gen_s)), float(np.mean(upd_s))
-  seq = plen + rlen
+  # Tokens of one forward pass over the rollout, each attending to every key of its row: n rows of
+  # prompt + response, or with share_prompt n / k rows of a prompt and its k packed responses.
+  rows_per_pass, seq = (n // k, plen + k * rlen) if k > 1 and c.share_prompt else (n, plen + rlen)
   per_token_fwd = 2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * seq
-  update_flops = n * seq * per_token_fwd * passes
+  update_flops = rows_per_pass * seq * per_token_fwd * passes
   return {"method": method, "lora_rank": rank, "rollout_batch": n, "k": k, "episodes_per_s": n / (gen + upd),
           "rollout_tokens_per_s": float(np.mean(tokens)) / gen,
           "generation_share": gen / (gen + upd), "generate_s": gen, "update_s": upd,

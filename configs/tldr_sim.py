@@ -122,8 +122,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The critic-free online methods, at PPO's label and compute budget (the same reward model,
   # steps x rollout_batch = 3,840 episodes, AdamW at PPO's settings); each samples k responses per
   # prompt (rollout_batch / k prompts an iteration) and scores them like PPO (penalize_no_eos).
+  # share_prompt: every forward (policy, reference, reward model, update) computes each prompt once
+  # for its k samples, and minibatches hold whole groups (False: rows shuffled and computed alone).
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
-                no_eos_score=-1.0, lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0,
+                no_eos_score=-1.0, share_prompt=True, lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0,
                 b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0, log_every=1,
                 eval_every=10, eval_examples=256)
   # RLOO (Ahmadian et al.; TRL's defaults k=2, kl_coef 0.05 as sequence KL in the reward, clipped

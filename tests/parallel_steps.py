@@ -42,7 +42,7 @@ PPO = ml_collections.ConfigDict(dict(
     cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
     value_model="separate"))
 DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
-ONLINE = dict(temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0)
+ONLINE = dict(temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True)
 CRITIC_FREE = {
     "rloo": (rloo, ml_collections.ConfigDict(dict(
         **ONLINE, k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=4,
@@ -59,14 +59,16 @@ def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
   """STEPS batches with left-padded prompts, responses ending at an eos, and a rejected twin."""
   out = []
   for _ in range(STEPS):
-    plen = rng.integers(3, P + 1, B)
+    # Groups of 4 rows share a prompt (so groups of 2 do too), as the rollout engine lays them out.
+    plen = np.repeat(rng.integers(3, P + 1, B // 4), 4)
     rlen = rng.integers(2, R + 1, B)
     prompt_mask = np.arange(P)[None] >= (P - plen)[:, None]
+    prompt = np.repeat(rng.integers(3, CFG.vocab_size, (B // 4, P)), 4, 0)
     response_mask = np.arange(R)[None] < rlen[:, None]
     response = rng.integers(3, CFG.vocab_size, (B, R)) * response_mask
     response[np.arange(B), rlen - 1] = EOS
     rejected = np.where(response_mask, rng.integers(3, CFG.vocab_size, (B, R)), 0)
-    out.append({"prompt": rng.integers(3, CFG.vocab_size, (B, P)) * prompt_mask,
+    out.append({"prompt": prompt * prompt_mask,
                 "prompt_mask": prompt_mask, "response": response, "response_mask": response_mask,
                 "chosen": response, "chosen_mask": response_mask, "rejected": rejected,
                 "rejected_mask": response_mask})

@@ -1,5 +1,7 @@
-"""The decoder: causal masking, KV-cache parity, left padding, axes, heads."""
+"""The decoder: causal masking, KV-cache parity, left padding, shared prompts, axes, heads."""
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -8,6 +10,8 @@ import numpy as np
 import pytest
 
 from rlhfjax.models import heads
+from rlhfjax.models import policy
+from rlhfjax.models import reward
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
@@ -69,6 +73,48 @@ def test_left_padding_does_not_change_logits(model):
     mask = np.concatenate([np.zeros(pad, bool), np.ones(9, bool)])[None]
     outs.append(_logits(params, tokens, cfg, mask)[0, pad:])
   np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+
+
+def test_shared_prompt_forward_matches_full_forward(model):
+  """k responses packed after one computation of their prompt: the same hidden states, log-probs,
+  rewards (with the likelihood term) and gradients as each row run alone, with left-padded prompts,
+  right-padded responses and an empty response; llama through the chunked kernel (its causal
+  blocks then cross the prompt/response boundary), gpt2 through the reference one."""
+  cfg, params = model
+  cfg = dataclasses.replace(cfg, attention="chunked" if cfg.variant == "llama" else "reference",
+                            attention_chunk=4)
+  rng = np.random.default_rng(3)
+  g, k, p, r = 3, 4, 9, 7
+  prompt_mask = np.arange(p)[None] >= (p - np.array([9, 4, 1]))[:, None]
+  prompt = rng.integers(3, 64, (g, p)) * prompt_mask
+  lengths = rng.integers(1, r + 1, g * k)
+  lengths[5] = 0
+  response_mask = np.arange(r)[None] < lengths[:, None]
+  batch = {"prompt": jnp.repeat(prompt, k, 0), "prompt_mask": jnp.repeat(prompt_mask, k, 0),
+           "response": jnp.asarray(rng.integers(3, 64, (g * k, r)) * response_mask),
+           "response_mask": jnp.asarray(response_mask)}
+  rm = {**heads.init(jax.random.key(1), cfg), heads.LIKELIHOOD: {"weight": jnp.float32(2.0)}}
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def views(group, params, rm, batch):
+    hidden, mask, last = policy.hidden_states(params, batch, cfg, group=group)
+    loss = lambda w: (policy.response_logprobs(w, batch, cfg, group=group)
+                      * jnp.arange(1, r + 1)).sum()
+    return (hidden[:, last:], mask[:, last:],
+            policy.response_token_stats(params, batch, cfg, temperature=0.7, group=group),
+            reward.score(rm, batch, cfg, group=group), jax.grad(loss)(params))
+
+  full, mask, stats, score, grads = views(1, params, rm, batch)
+  shared, shared_mask, shared_stats, shared_score, shared_grads = views(k, params, rm, batch)
+  assert shared.shape == (g * k, 1 + r, cfg.d_model)
+  real = np.asarray(shared_mask)
+  np.testing.assert_array_equal(real, np.asarray(mask))
+  np.testing.assert_allclose(np.asarray(shared)[real], np.asarray(full)[real], atol=2e-5)
+  for a, b in zip(stats, shared_stats):
+    np.testing.assert_allclose(a, b, atol=2e-5)
+  np.testing.assert_allclose(score, shared_score, atol=2e-5)
+  for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(shared_grads)):
+    np.testing.assert_allclose(a, b, atol=1e-4 * max(float(jnp.abs(a).max()), 1.0))
 
 
 def test_param_axes_match_params(model):

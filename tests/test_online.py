@@ -13,8 +13,10 @@ import optax
 import pytest
 
 from rlhfjax.algorithms import grpo
+from rlhfjax.algorithms import online
 from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import rloo
+from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -119,7 +121,9 @@ def test_online_dpo_pairs():
 
 def _batch(n: int, seed: int = 0):
   rng = np.random.default_rng(seed)
-  prompt = rng.integers(3, CFG.vocab_size, (n, 6))
+  # Rows come in groups of 4 (of 2 for n = 2) with one prompt, as the rollout engine lays them out.
+  group = min(n, 4)
+  prompt = np.repeat(rng.integers(3, CFG.vocab_size, (n // group, 6)), group, 0)
   response = rng.integers(3, CFG.vocab_size, (n, 5))
   lengths = rng.integers(2, 6, n)
   lengths[0] = 5
@@ -138,7 +142,7 @@ def models():
   return ref, rm
 
 
-ONLINE = dict(temperature=1.0, penalize_no_eos=True, no_eos_score=-1.0)
+ONLINE = dict(temperature=1.0, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True)
 CONFIGS = {
     "rloo": (rloo, dict(k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=4,
                         normalize_advantages=False), "loss/policy_avg"),
@@ -170,6 +174,43 @@ def test_one_step_trains_the_policy_only(models, name):
   scores, raw = engine.rewards_at_eos(rm, batch, CFG, EOS, -1.0)
   np.testing.assert_allclose(scores[0], -1.0)
   np.testing.assert_allclose(m["objective/scores"], float(scores.mean()), rtol=1e-5)
+
+
+def test_shuffled_rows_move_whole_groups():
+  key = jax.random.key(3)
+  np.testing.assert_array_equal(online.shuffled_rows(key, 12), jax.random.permutation(key, 12))
+  order = np.asarray(online.shuffled_rows(key, 12, 4)).reshape(3, 4)
+  np.testing.assert_array_equal(order - order[:, :1], np.tile(np.arange(4), (3, 1)))
+  assert sorted(order[:, 0]) == [0, 4, 8]
+
+
+def test_shared_prompt_needs_whole_groups_per_minibatch():
+  c = ml_collections.ConfigDict(dict(rollout_batch=16, minibatch_size=4, temperature=1.0,
+                                     share_prompt=True))
+  with pytest.raises(ConfigError, match=r"grpo.minibatch_size \(4\) must be a multiple of the "
+                                        r"samples per prompt \(8\) with grpo.share_prompt"):
+    online.check_sampling("grpo", c, 8)
+  c.share_prompt = False
+  online.check_sampling("grpo", c, 8)
+
+
+def test_shared_prompt_step_equals_the_unshared_one(models):
+  """GRPO's step (one minibatch of the whole batch) with each prompt computed once per group: the
+  same metrics and the same updated policy as with every row computed alone."""
+  ref, rm = models
+  module, extra, _ = CONFIGS["grpo"]
+  tx = optax.adam(1e-3)
+  state = TrainState.create({"policy": jax.tree.map(jnp.copy, ref)}, tx)
+  out = []
+  for share in (False, True):
+    c = ml_collections.ConfigDict({**ONLINE, **extra, "share_prompt": share})
+    step = jax.jit(functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))
+    out.append(step(state, ref, rm, _batch(8), jax.random.key(1)))
+  (plain, m_plain), (shared, m_shared) = out
+  for name in m_plain:
+    np.testing.assert_allclose(m_shared[name], m_plain[name], atol=1e-5, err_msg=name)
+  for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(shared.params)):
+    np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_online_dpo_uses_the_annotator_labels(models):

@@ -14,7 +14,6 @@ import pytest
 
 from rlhfjax import main
 from rlhfjax.algorithms import reward_model
-from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import agreement
 from rlhfjax.feedback import records
@@ -95,9 +94,8 @@ def test_init_params_with_a_zero_head_is_the_likelihood_judge():
 
   judge = reward_model.init_params(exp(3.0, 0.0), PARAMS["backbone"])
   b = _batch([5, 9, 4], [12, 13, 1], 6, 5)
-  tokens, mask = pipeline.prompt_and(b)
-  hidden, _ = transformer.forward(PARAMS["backbone"], tokens, CFG, mask=mask)
-  mean_logp = float(policy.mean_response_logprob(PARAMS["backbone"], hidden, b, CFG)[0])
+  hidden, _, last = policy.hidden_states(PARAMS["backbone"], b, CFG)
+  mean_logp = float(policy.mean_response_logprob(PARAMS["backbone"], hidden, last, b, CFG)[0])
   assert float(reward_model.score(judge, b, CFG)[0]) == pytest.approx(3.0 * mean_logp, rel=1e-6)
   assert set(judge) == set(reward_model.param_axes(exp(3.0, 0.0))) == {"backbone", "head",
                                                                       "likelihood"}

@@ -214,8 +214,15 @@ def work_rloo(cfg: ModelConfig, repeats: int) -> dict:
   least_sample = (forward_flops(cfg, RLOO_PROMPTS * PROMPT, PROMPT / 2)
                   + forward_flops(cfg, n * (NEW - 1), PROMPT + NEW / 2))
   passes = 3 + 3 * EPOCHS_RLOO
-  return {"seconds": best, "all": times, "flops": sample + forward_flops(cfg, n * seq, seq) * passes,
-          "least_flops": least_sample + forward_flops(cfg, n * seq, seq / 2) * passes,
+  if c.share_prompt:  # Each pass runs RLOO_PROMPTS rows of the prompt and its k packed responses.
+    packed = PROMPT + c.k * NEW
+    fwd = forward_flops(cfg, RLOO_PROMPTS * packed, packed)
+    least = (forward_flops(cfg, RLOO_PROMPTS * PROMPT, PROMPT / 2)
+             + forward_flops(cfg, n * NEW, PROMPT + NEW / 2))
+  else:
+    fwd, least = forward_flops(cfg, n * seq, seq), forward_flops(cfg, n * seq, seq / 2)
+  return {"seconds": best, "all": times, "flops": sample + fwd * passes,
+          "least_flops": least_sample + least * passes, "share_prompt": bool(c.share_prompt),
           "episodes": n, "prompts": RLOO_PROMPTS, "k": c.k, "epochs": EPOCHS_RLOO,
           "episodes_per_s": n / best}
 

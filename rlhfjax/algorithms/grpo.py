@@ -94,7 +94,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, group-normalised advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
-  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id)
+  group = online.group(c, c.k)
+  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, c.k)
   m = batch["response_mask"].astype(jnp.float32)
   rewards = e["scores"]
   if c.kl_in == "reward":
@@ -105,7 +106,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
           "advantages": adv}
 
   def loss_fn(params, mb):
-    logp = policy.response_logprobs(params["policy"], mb, cfg, temperature=c.temperature)
+    logp = policy.response_logprobs(params["policy"], mb, cfg, temperature=c.temperature,
+                                    group=group)
     mask = mb["response_mask"].astype(jnp.float32)
     losses, kl, clipped = token_losses(logp, mb["old_logprobs"], mb["ref_logprobs"],
                                        mb["advantages"], c)
@@ -114,7 +116,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                   "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), mask)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
-                                                 c.minibatch_size, tx)
+                                                 c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "reward": rewards.mean(), "reward_std": group_std.mean(),
            "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean()}

@@ -61,6 +61,10 @@ def check_sampling(task: str, c: Any, k: int, why_two: str = "") -> None:
   if "minibatch_size" in c and c.rollout_batch % c.minibatch_size:
     raise ConfigError(f"{task}.rollout_batch ({c.rollout_batch}) must be a multiple of "
                       f"{task}.minibatch_size ({c.minibatch_size})")
+  if k > 1 and "minibatch_size" in c and c.share_prompt and c.minibatch_size % k:
+    raise ConfigError(f"{task}.minibatch_size ({c.minibatch_size}) must be a multiple of the "
+                      f"samples per prompt ({k}) with {task}.share_prompt: minibatches hold whole "
+                      f"groups")
   if c.temperature <= 0:
     raise ConfigError(f"{task}.temperature must be > 0 (the method samples), got {c.temperature}")
 
@@ -77,14 +81,22 @@ def meta(exp: experiment.Experiment, task: str) -> dict:
           **exp.lora_meta("policy")}
 
 
+def group(c: Any, k: int) -> int:
+  """Rows that share one computation of their prompt in a step's forwards: the k samples of a
+  prompt with `share_prompt` (policy.hidden_states), else 1 (every row computes its own)."""
+  return k if c.share_prompt else 1
+
+
 def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
-               cfg: Any, c: Any, eos_id: int) -> dict[str, jax.Array]:
-  """`engine.experience` of the current policy under the method's sampling and truncation knobs
-  (`temperature`, `penalize_no_eos`, `no_eos_score`); `ref_params` None: the LoRA policy's base."""
+               cfg: Any, c: Any, eos_id: int, k: int) -> dict[str, jax.Array]:
+  """`engine.experience` of the current policy, `k` samples per prompt, under the method's
+  sampling, truncation and sharing knobs (`temperature`, `penalize_no_eos`, `no_eos_score`,
+  `share_prompt`); `ref_params` None: the LoRA policy's base."""
   ref_params = lora.reference(state.params["policy"], ref_params)
   return engine.experience(state.params["policy"], ref_params, reward_params, batch, cfg=cfg,
                            temperature=c.temperature, eos_id=eos_id,
-                           no_eos_score=c.no_eos_score if c.penalize_no_eos else None)
+                           no_eos_score=c.no_eos_score if c.penalize_no_eos else None,
+                           group=group(c, k))
 
 
 def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,
@@ -104,12 +116,22 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def shuffled_rows(key: jax.Array, n: int, group: int = 1) -> jax.Array:
+  """A random order of `n` rows that moves whole groups of `group` adjacent rows and keeps each
+  group's rows adjacent and in order (`group` 1: `jax.random.permutation(key, n)`)."""
+  groups = jax.random.permutation(key, n // group)
+  return (groups[:, None] * group + jnp.arange(group)).reshape(-1)
+
+
 def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Array,
                       loss_fn: Callable, epochs: int, minibatch_size: int,
-                      tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
+                      tx: optax.GradientTransformation,
+                      group: int = 1) -> tuple[TrainState, dict[str, jax.Array]]:
   """`epochs` passes over shuffled minibatches of the rows of `data` (`lax.scan` over both), one
-  AdamW step on `loss_fn(params, minibatch) -> (loss, stats)` each; the stats averaged. The
-  state's `step` then counts this iteration once (iterations, not updates: what resuming reads)."""
+  AdamW step on `loss_fn(params, minibatch) -> (loss, stats)` each; the stats averaged. With
+  `group` > 1 whole groups of that many adjacent rows are shuffled, and stay adjacent in their
+  minibatch (so its forwards can share each group's prompt). The state's `step` then counts this
+  iteration once (iterations, not updates: what resuming reads)."""
   iteration = state.step
   n = jax.tree.leaves(data)[0].shape[0]
   k = n // minibatch_size
@@ -122,7 +144,7 @@ def minibatch_updates(state: TrainState, data: dict[str, jax.Array], rng: jax.Ar
 
   def epoch(state, key):
     return jax.lax.scan(minibatch, state,
-                        jax.random.permutation(key, n)[:k * minibatch_size].reshape(k, -1))
+                        shuffled_rows(key, n, group)[:k * minibatch_size].reshape(k, -1))
 
   state, stats = jax.lax.scan(epoch, state, jax.random.split(rng, epochs))
   return state.replace(step=iteration + 1), jax.tree.map(jnp.mean, stats)
@@ -146,6 +168,12 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
   par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
+  groups = min(c.rollout_batch, c.get("minibatch_size", c.rollout_batch)) // k
+  if group(c, k) > 1 and groups % par.data_parallel:
+    metrics_lib.info(f"{task}: {groups} prompt groups per minibatch do not split over "
+                     f"{par.data_parallel} data-parallel devices: the packed rows of "
+                     f"{task}.share_prompt run replicated (raise {task}.minibatch_size or set "
+                     f"share_prompt=False)")
   tx = adamw(c, updates_per_step, exp.trainable("policy"))
   lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
   # A copy: the trained tree must not alias the frozen reference.

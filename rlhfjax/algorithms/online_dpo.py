@@ -54,19 +54,20 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   """Judge each pair (RM in the step, or `batch['preference']` from an annotator), then one AdamW
   step of the DPO loss on all pairs."""
   del rng  # One full-batch step: nothing to shuffle.
+  group = online.group(c, 2)
   scores, raw = engine.rewards_at_eos(reward_params, batch, cfg, eos_id,
-                                      c.no_eos_score if c.penalize_no_eos else None)
+                                      c.no_eos_score if c.penalize_no_eos else None, group)
   if PREFERENCE in batch:
     second_wins = batch[PREFERENCE] == 1
   else:
     second_wins = scores[1::2] > scores[0::2]
   ref = policy.response_logprobs(lora.reference(state.params["policy"], ref_params), batch, cfg,
-                                temperature=c.temperature)
+                                temperature=c.temperature, group=group)
   m = batch["response_mask"].astype(jnp.float32)
 
   def loss_fn(params):
     logp, entropy = policy.response_token_stats(params["policy"], batch, cfg,
-                                                temperature=c.temperature)
+                                                temperature=c.temperature, group=group)
     seq, ref_seq = logp.sum(-1), ref.sum(-1)
     lc, lr = pairs(seq, second_wins)
     rc, rr = pairs(ref_seq, second_wins)

@@ -152,10 +152,9 @@ def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig,
     logp, entropy = policy.response_token_stats(params["policy"], batch, cfg,
                                                 temperature=temperature)
     return logp, entropy, _values(params["value"], batch, cfg)
-  tokens, mask = pipeline.prompt_and(batch)
-  hidden, _ = transformer.forward(params["policy"], tokens, cfg, mask=mask)
+  hidden, _, last = policy.hidden_states(params["policy"], batch, cfg)
   logp, entropy = policy.token_stats(policy.distributions_from_hidden(
-      params["policy"], hidden, batch["prompt"].shape[1], cfg, temperature), batch)
+      params["policy"], hidden, last, cfg, temperature), batch)
   return logp, entropy, _response_values(heads.apply_scalar_head(params["value_head"], hidden),
                                          batch)
 

@@ -68,14 +68,15 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, leave-one-out advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
-  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id)
+  group = online.group(c, c.k)
+  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, c.k)
   kl = e["logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
   data = {**batch, "old_logprobs": e["logprobs"], "advantages": adv}
 
   def loss_fn(params, mb):
     logp, entropy = policy.response_token_stats(params["policy"], mb, cfg,
-                                                temperature=c.temperature)
+                                                temperature=c.temperature, group=group)
     mask = mb["response_mask"].astype(jnp.float32)
     loss, stats = sequence_clipped_loss(logp, mb["old_logprobs"], mb["advantages"], mask,
                                         c.cliprange)
@@ -83,7 +84,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                   "policy/entropy_avg": online.masked_mean(entropy, mask)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
-                                                 c.minibatch_size, tx)
+                                                 c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "objective/non_score_reward": (-c.kl_coef * kl.sum(-1)).mean(),
            "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std()}

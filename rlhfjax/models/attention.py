@@ -34,11 +34,13 @@ _SPLASH_BLOCKS = (512, 256, 128)  # Tile sizes tried, largest first (multiples o
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig, *,
-           heads_major: bool = False, causal: bool = False,
+           heads_major: bool = False, causal: bool = False, packed: bool = False,
            rng: jax.Array | None = None) -> jax.Array:
   """Attention by `cfg.attention`; `rng` drives dropout on the probabilities (reference only).
-  `causal` promises that `allowed` never lets query t see a key after position t (T == S)."""
-  if cfg.attention == "chunked":
+  `causal` promises that `allowed` never lets query t see a key after position t (T == S);
+  `packed`, that it also hides some earlier real keys (samples packed after a shared prompt),
+  which splash's causal-and-padding mask cannot express: chunked attention runs those."""
+  if cfg.attention == "chunked" or (cfg.attention == "splash" and packed):
     return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major, causal=causal)
   if cfg.attention == "splash" and not heads_major:
     # Uncached self-attention: `allowed` is causal AND key-is-real, so its last row is the key mask.

@@ -12,22 +12,23 @@ import jax
 from rlhfjax.data import pipeline
 from rlhfjax.models import heads
 from rlhfjax.models import policy
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
 
-def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "response") -> jax.Array:
+def score(params, batch: pipeline.Batch, cfg: ModelConfig, response: str = "response",
+          group: int = 1) -> jax.Array:
   """The reward [B] of `batch[response]` after `batch['prompt']`: the head read at the last real
   token, plus, in a model with a likelihood term, its weight times the response's mean token
-  log-probability under the model's own language-model head."""
-  tokens, mask = pipeline.prompt_and(batch, response)
-  hidden, _ = transformer.forward(params["backbone"], tokens, cfg, mask=mask)
+  log-probability under the model's own language-model head. `group` k > 1: rows come in groups of
+  k sharing a prompt, computed once (policy.hidden_states)."""
+  hidden, mask, last = policy.hidden_states(params["backbone"], batch, cfg, group=group,
+                                            response=response)
   r = heads.read_last(params["head"], hidden, mask)
   if heads.LIKELIHOOD in params:
-    logp = policy.mean_response_logprob(params["backbone"], hidden, batch, cfg, response)
+    logp = policy.mean_response_logprob(params["backbone"], hidden, last, batch, cfg, response)
     r = r + params[heads.LIKELIHOOD]["weight"] * logp
   return r
 
 
 # `score` jitted once for every caller: the reward of each row of a fixed-shape batch.
-score_batch = jax.jit(score, static_argnames=("cfg", "response"))
+score_batch = jax.jit(score, static_argnames=("cfg", "response", "group"))

@@ -189,11 +189,12 @@ def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig,
 def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
             cfg: ModelConfig, rng: jax.Array | None, heads_major: bool,
             ad: Params | None = None, scale: jax.Array | None = None,
-            causal: bool = False) -> jax.Array:
+            causal: bool = False, packed: bool = False) -> jax.Array:
   """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`)
   by the kernel `cfg.attention` names (see models/attention.py), then the output projection."""
   dt = q.dtype
-  out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal, rng=rng)
+  out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal,
+                         packed=packed, rng=rng)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt)) + lora.delta(out, ad, "o", scale)
   if cfg.variant == "gpt2":
     out = out + p["o_bias"].astype(dt)
@@ -245,6 +246,39 @@ def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
   return hidden, cache
 
 
+def forward_shared_prompt(params: Params, prompt: jax.Array, prompt_mask: jax.Array,
+                          response: jax.Array, response_mask: jax.Array, cfg: ModelConfig, *,
+                          dropout_rng: jax.Array | None = None) -> jax.Array:
+  """`forward` over prompt + response for k responses per prompt, each prompt computed once.
+
+  prompt [G, P] (left-padded, its last column real), response [G·k, R] with rows g·k … g·k + k − 1
+  answering prompt g. Returns the final hidden states [G·k, 1 + R, D] at the prompt's last token and
+  at every response token: those of `forward` on the concatenated rows (up to rounding), which are
+  all a policy's log-probs or a reward head read. The k responses are packed after their prompt in
+  one row of P + k·R tokens; each response attends to the prompt and to itself (causal), never to
+  its siblings, and takes the positions it has after the prompt alone. So the prompt's projections,
+  MLPs and self-attention run once per group instead of k times: with long prompts and short
+  responses (RLHF's shape) that is most of the work.
+  """
+  g, p = prompt.shape
+  n, r = response.shape
+  k = n // g
+  prompt_mask, response_mask = prompt_mask.astype(bool), response_mask.astype(bool)
+  tokens = jnp.concatenate([prompt, response.reshape(g, k * r)], 1)
+  mask = jnp.concatenate([prompt_mask, response_mask.reshape(g, k * r)], 1)
+  # Each response counts its positions on from the prompt's real tokens, as if it stood alone.
+  after = prompt_mask.sum(-1, dtype=jnp.int32)[:, None, None]
+  resp_pos = jnp.maximum(after + jnp.cumsum(response_mask.reshape(g, k, r), -1, dtype=jnp.int32) - 1,
+                         0)
+  positions = jnp.concatenate([positions_from_mask(prompt_mask), resp_pos.reshape(g, k * r)], 1)
+  # Segment 0: the prompt, seen by all; segment s + 1: response s, seen by itself only.
+  segments = jnp.concatenate([jnp.zeros((p,), jnp.int32), jnp.repeat(jnp.arange(1, k + 1), r)])
+  hidden, _, _ = _forward(params, tokens, cfg, mask, positions, None, 0, dropout_rng,
+                          segments=segments)
+  last = jnp.repeat(hidden[:, p - 1:p], k, axis=0)  # [G·k, 1, D]
+  return jnp.concatenate([last, hidden[:, p:].reshape(n, r, -1)], 1)
+
+
 def prefill(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Array | None = None,
             length: int) -> tuple[jax.Array, Cache]:
   """`forward` of a prompt into a fresh cache of `length` slots, i.e. the same result as
@@ -259,8 +293,11 @@ def prefill(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
   return hidden, {"k": list(k), "v": list(v), "mask": jnp.pad(mask, ((0, 0), (0, length - t)))}
 
 
-def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng, keep_kv=False):
-  """`forward`, and with `keep_kv` (no cache) also every layer's keys and values [L,B,T,KV,Dh]."""
+def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng, keep_kv=False,
+             segments=None):
+  """`forward`, and with `keep_kv` (no cache) also every layer's keys and values [L,B,T,KV,Dh].
+  `segments` [T] (no cache): a key of segment s > 0 is seen only by queries of segment s; segment 0
+  by every later query (see forward_shared_prompt)."""
   b, t = tokens.shape
   mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
   cache_index = jnp.asarray(cache_index, jnp.int32)
@@ -276,6 +313,8 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
       positions = positions_from_mask(mask)
     q_idx = k_idx = jnp.arange(t)
   allowed = (k_idx[None, :] <= q_idx[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+  if segments is not None:
+    allowed &= ((segments[None, :] == 0) | (segments[None, :] == segments[:, None]))[None]
 
   dt = jnp.dtype(cfg.dtype)
   x = params["embed"]["embedding"].astype(dt)[tokens]
@@ -298,7 +337,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg, ad_attn, scale)
     if kv is None:  # Attend over the tokens themselves.
       h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, ad=ad_attn,
-                  scale=scale, causal=True)
+                  scale=scale, causal=True, packed=segments is not None)
       kv = (k, v) if keep_kv else None
     else:  # Write this call's keys/values at their slots, then attend over the whole cache.
       start = (0, 0, cache_index, 0)

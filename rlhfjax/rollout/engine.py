@@ -98,10 +98,11 @@ def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
 
 
 def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: int,
-                   no_eos_score: float | None) -> tuple[jax.Array, jax.Array]:
+                   no_eos_score: float | None, group: int = 1) -> tuple[jax.Array, jax.Array]:
   """(scores, raw scores) [B]: the reward model read at each response's last real token, and the
-  scores after the truncation rule (`no_eos_score` for a response without eos; None: no rule)."""
-  raw = reward.score(reward_params, batch, cfg)
+  scores after the truncation rule (`no_eos_score` for a response without eos; None: no rule).
+  `group` k > 1: each prompt's k adjacent samples share one computation of it."""
+  raw = reward.score(reward_params, batch, cfg, group=group)
   if no_eos_score is None:
     return raw, raw
   return penalize_missing_eos(raw, batch["response"], eos_id, no_eos_score), raw
@@ -109,12 +110,15 @@ def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, 
 
 def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
                cfg: ModelConfig, temperature: float, eos_id: int,
-               no_eos_score: float | None) -> dict[str, jax.Array]:
+               no_eos_score: float | None, group: int = 1) -> dict[str, jax.Array]:
   """What every critic-free online method needs of a sampled batch, in one pure function: per-token
   log-probs of the policy and the reference at the sampling temperature and the policy's entropy
-  [B, R] (0 at padding), and the reward model's scores at eos [B] (raw and after truncation)."""
-  logp, entropy = policy.response_token_stats(params, batch, cfg, temperature=temperature)
-  ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=temperature)
-  scores, raw = rewards_at_eos(reward_params, batch, cfg, eos_id, no_eos_score)
+  [B, R] (0 at padding), and the reward model's scores at eos [B] (raw and after truncation).
+  `group` k > 1: the three models compute each prompt once for its k adjacent samples
+  (policy.hidden_states)."""
+  logp, entropy = policy.response_token_stats(params, batch, cfg, temperature=temperature,
+                                              group=group)
+  ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=temperature, group=group)
+  scores, raw = rewards_at_eos(reward_params, batch, cfg, eos_id, no_eos_score, group)
   return {"logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
           "raw_scores": raw}
