@@ -119,7 +119,8 @@ def test_sharded_steps_match_one_device(mesh_runs, mesh):
   other = np.load(os.path.join(mesh_runs, f"{mesh}.npz"))
   for algo in ALGORITHMS:
     losses = base[f"loss/{algo}"]
-    assert np.abs(np.diff(losses)).max() > 1e-3, f"{algo} did not train"
+    # Moved by far more than the tolerance below (online DPO's 3 small steps move it least).
+    assert np.abs(np.diff(losses)).max() > 1e-4, f"{algo} did not train"
     np.testing.assert_allclose(other[f"loss/{algo}"], losses, rtol=1e-5, atol=1e-6, err_msg=algo)
     names = [k for k in base.files if k.startswith(f"params/{algo}/")]
     assert names
