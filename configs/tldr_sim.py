@@ -125,9 +125,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # share_prompt: every forward (policy, reference, reward model, update) computes each prompt once
   # for its k samples, and minibatches hold whole groups (False: rows shuffled and computed alone).
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
-                no_eos_score=-1.0, share_prompt=True, lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0,
-                b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0, log_every=1,
-                eval_every=10, eval_examples=256)
+                no_eos_score=-1.0, share_prompt=True, lr=3e-4, warmup_steps=0,
+                schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0,
+                grad_clip=1.0, log_every=1, eval_every=10, eval_examples=256)
   # RLOO (Ahmadian et al.; TRL's defaults k=2, kl_coef 0.05 as sequence KL in the reward, clipped
   # sequence ratio with cliprange 0.2; TRL runs 4 epochs, here PPO's 2 x minibatch 16).
   c.rloo = dict(online, k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=16,

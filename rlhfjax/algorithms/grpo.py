@@ -95,7 +95,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   """Experience (log-probs, scores, group-normalised advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)
-  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, c.k)
+  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   m = batch["response_mask"].astype(jnp.float32)
   rewards = e["scores"]
   if c.kl_in == "reward":

@@ -88,15 +88,15 @@ def group(c: Any, k: int) -> int:
 
 
 def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
-               cfg: Any, c: Any, eos_id: int, k: int) -> dict[str, jax.Array]:
-  """`engine.experience` of the current policy, `k` samples per prompt, under the method's
-  sampling, truncation and sharing knobs (`temperature`, `penalize_no_eos`, `no_eos_score`,
-  `share_prompt`); `ref_params` None: the LoRA policy's base."""
+               cfg: Any, c: Any, eos_id: int, group: int = 1) -> dict[str, jax.Array]:
+  """`engine.experience` of the current policy under the method's sampling and truncation knobs
+  (`temperature`, `penalize_no_eos`, `no_eos_score`), each prompt computed once for its `group`
+  adjacent samples (see `group`); `ref_params` None: the LoRA policy's base."""
   ref_params = lora.reference(state.params["policy"], ref_params)
   return engine.experience(state.params["policy"], ref_params, reward_params, batch, cfg=cfg,
                            temperature=c.temperature, eos_id=eos_id,
                            no_eos_score=c.no_eos_score if c.penalize_no_eos else None,
-                           group=group(c, k))
+                           group=group)
 
 
 def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,

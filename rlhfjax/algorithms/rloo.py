@@ -69,7 +69,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   """Experience (log-probs, scores, leave-one-out advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)
-  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, c.k)
+  e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   kl = e["logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
   data = {**batch, "old_logprobs": e["logprobs"], "advantages": adv}
