@@ -52,9 +52,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                  attention="reference", attention_chunk=512)
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
+  # Every training block's skip_nonfinite: 0 stops the run at the first non-finite loss or gradient
+  # norm (before saving it); N > 0 drops such updates and counts them, stopping after N in a row.
   c.sft = dict(batch_size=32, steps=800, lr=6e-3, warmup_steps=30, schedule="cosine",
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-               log_every=25, eval_every=100, eval_batches=4)
+               skip_nonfinite=0, log_every=25, eval_every=100, eval_batches=4)
 
   # Evaluation on the first num_examples test posts: every method answers at `temperature` (0.7,
   # as AlpacaFarm decodes; 0: greedy); task=eval judges `methods` against `against` (the human
@@ -111,9 +113,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # rlhfjax/feedback/contrast.py) at loss weight contrast_weight; off: measured not to help here.
   c.rm = dict(train_file="", valid_file="", layout="openai", batch_size=32, epochs=1.0, lr=3e-4,
               warmup_steps=10, schedule="cosine", end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8,
-              weight_decay=0.0, grad_clip=1.0, log_every=10, eval_every=50, eval_batch_size=64,
-              normalize="reference", normalize_std=False, norm_examples=512, probe_examples=256,
-              bootstrap=200, likelihood_weight=3.0, head_init_scale=0.0,
+              weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0, log_every=10, eval_every=50,
+              eval_batch_size=64, normalize="reference", normalize_std=False, norm_examples=512,
+              probe_examples=256, bootstrap=200, likelihood_weight=3.0, head_init_scale=0.0,
               contrast_batch_size=0, contrast_weight=1.0, contrast_split="sft", contrast_max_df=0.2)
 
   # PPO against the reward model (Ziegler et al. / Stiennon et al.; knobs named as in TRL where
@@ -131,7 +133,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0, frozen_dtype="",
                value_model="separate",
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
-               eps=1e-5, weight_decay=0.0, grad_clip=1.0,
+               eps=1e-5, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0,
                log_every=1, eval_every=10, eval_examples=256)
 
   # The critic-free online methods, at PPO's label and compute budget (the same reward model,
@@ -142,7 +144,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
                 no_eos_score=-1.0, share_prompt=True, lr=3e-4, warmup_steps=0,
                 schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0,
-                grad_clip=1.0, log_every=1, eval_every=10, eval_examples=256)
+                grad_clip=1.0, skip_nonfinite=0, log_every=1, eval_every=10, eval_examples=256)
   # RLOO (Ahmadian et al.; TRL's defaults k=2, kl_coef 0.05 as sequence KL in the reward, clipped
   # sequence ratio with cliprange 0.2; TRL runs 4 epochs, here PPO's 2 x minibatch 16).
   c.rloo = dict(online, k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=16,
@@ -168,14 +170,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.expert_iteration = dict(n=8, num_prompts=512, temperature=1.0, sample_batch_size=256,
                             batch_size=32, steps=32, lr=1e-3, warmup_steps=0, schedule="cosine",
                             end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
-                            grad_clip=1.0, log_every=8, eval_every=16, eval_batches=4)
+                            grad_clip=1.0, skip_nonfinite=0, log_every=8, eval_every=16,
+                            eval_batches=4)
 
   # Binary FeedME (SFT on the preferred responses) and binary reward conditioning (both responses,
   # after a positive / negative control line; answers after the positive one): SFT settings on
   # the comparison files of task=rm, starting from the SFT policy.
   sft_like = dict(batch_size=32, steps=125, lr=1e-3, warmup_steps=0, schedule="cosine",
                   end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
-                  log_every=25, eval_every=125, eval_batches=4)
+                  skip_nonfinite=0, log_every=25, eval_every=125, eval_batches=4)
   c.feedme = dict(sft_like)
   c.reward_conditioning = dict(sft_like, steps=250, positive="Quality: good",
                                negative="Quality: bad")
@@ -186,13 +189,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.quark = dict(rounds=4, prompts_per_round=512, sample_batch_size=256, num_bins=5,
                  temperature=1.0, control="Reward: top", kl_coef=0.05, steps_per_round=8,
                  batch_size=32, lr=3e-4, warmup_steps=0, schedule="constant", end_lr_frac=1.0,
-                 b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+                 b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0)
 
   # DPO on the comparison files of task=rm, from and against the SFT policy: loss_type 'sigmoid'
   # (DPO, with optional label smoothing) or 'ipo'.
   c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
                lr=1e-4, warmup_steps=10, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
-               eps=1e-8, weight_decay=0.0, grad_clip=1.0, log_every=10)
+               eps=1e-8, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0, log_every=10)
 
   # task=compile: lower and compile every step of `steps` for each TPU slice of `topology`
   # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip

@@ -1,7 +1,8 @@
 """Command line: `python -m rlhfjax.main --config configs/NAME.py[:ARG] [--config.a.b=v] [--workdir DIR]`.
 
 `config.task` picks the job. Configuration mistakes (an unknown key, a wrong type, a missing file)
-end in one line naming the culprit and exit status 2, not a traceback. SIGTERM saves a checkpoint
+and a workdir that cannot be written (read-only, full, no permission) end in one line naming the
+culprit and exit status 2, not a traceback; what earlier stages wrote stays as it was. SIGTERM saves a checkpoint
 and exits with status 75; the same command resumes. A non-finite loss or gradient norm stops
 training with one line (step, metric, last good checkpoint) and exit status 3. Every process of a
 multi-host run executes this same command (see launch/).
@@ -9,6 +10,7 @@ multi-host run executes this same command (see launch/).
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -24,6 +26,7 @@ from ml_collections import config_flags
 
 from rlhfjax import compile as compile_task
 from rlhfjax import export
+from rlhfjax import files
 from rlhfjax import seeds
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
@@ -116,6 +119,19 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
+def _os_error(e: OSError) -> str:
+  """One line for a failed file operation: the path and the reason, and what to do for a workdir
+  that cannot be written."""
+  if e.filename is None:  # Ours, e.g. "no checkpoint in W/sft/checkpoints: run task=sft first".
+    return str(e)
+  line = f"{e.filename}: {e.strerror}"
+  if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    line += "; free some space (or use another --workdir) and rerun: it resumes"
+  elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    line += "; the workdir must be writable: fix that (or use another --workdir) and rerun"
+  return line
+
+
 def run(config, workdir: str):
   """Runs `config.task` in `workdir`; importable for notebooks and tests.
 
@@ -124,6 +140,8 @@ def run(config, workdir: str):
   so files process 0 wrote are there for the next one.
   """
   distributed.initialize(config.distributed)
+  if jax.process_index() == 0:
+    files.check_writable(workdir)
   stages = config.stages.split(",") if config.task == "pipeline" else [config.task]
   for stage in stages:
     if stage not in TASKS:
@@ -145,8 +163,10 @@ def main(argv: list[str]) -> None:
   preemption.install()
   try:
     run(config, _WORKDIR.value or config.workdir)
-  except (ConfigError, DataError, FileNotFoundError) as e:
+  except (ConfigError, DataError) as e:
     _fail(str(e))
+  except OSError as e:
+    _fail(_os_error(e))
   except preemption.Preempted as e:
     print(f"rlhfjax: {e}", file=sys.stderr)
     sys.exit(preemption.EXIT_CODE)

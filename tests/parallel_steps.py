@@ -1,5 +1,7 @@
-"""Runs SFT, reward-model, PPO, DPO, RLOO, GRPO and online DPO training steps on meshes of 8 forced CPU devices and writes,
-per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte counts (`<out>/bytes.json`).
+"""Runs SFT, reward-model, PPO, DPO, RLOO, GRPO and online DPO training steps on meshes of 8 forced
+CPU devices and writes, per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte
+counts (`<out>/bytes.json`). Every algorithm runs on one device and on the mesh that uses all three
+axes (2x2x2); pure data and pure FSDP parallelism run SFT and PPO (the suite's time is shared).
 
 Started by tests/test_parallel.py in its own process, because the device count is fixed when JAX
 starts: `python tests/parallel_steps.py OUT_DIR`.
@@ -28,7 +30,9 @@ from rlhfjax.parallel.sharding import Parallel, bytes_per_device, to_host  # noq
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
-MESHES = [(1, 1, 1), (8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 2, 4)]
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "rloo", "grpo", "online_dpo")
+MESHES = {(1, 1, 1): ALGORITHMS, (2, 2, 2): ALGORITHMS, (8, 1, 1): ("sft", "ppo"),
+          (1, 8, 1): ("sft", "ppo")}
 CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
                   d_ff=64, max_len=32)
 B, P, R, STEPS, EOS = 8, 8, 8, 3, 2
@@ -75,9 +79,10 @@ def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
   return out
 
 
-def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[dict, dict]:
-  """Losses and final parameters of STEPS steps of each algorithm on `par`'s mesh, all starting
-  from the host parameters `init` ('policy', 'rm')."""
+def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
+        algorithms: tuple[str, ...]) -> tuple[dict, dict]:
+  """Losses and final parameters of STEPS steps of each of `algorithms` on `par`'s mesh, all
+  starting from the host parameters `init` ('policy', 'rm')."""
   key = jax.random.key(0)
   tx = optimizer.adamw(OPT, STEPS)
   policy_axes, rm_axes = transformer.param_axes(CFG), heads.param_axes(CFG)
@@ -100,14 +105,14 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[d
   bytes_ = {"sft_params": bytes_per_device(state.params),
             "sft_opt_state": bytes_per_device(state.opt_state)}
 
-  # Reward model.
-  state, sh = par.train_state(fresh, rm_axes, tx, rm)
-  step = par.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx), (sh, par.batch),
-                 (sh, par.replicated), (0,))
-  for d in data:
-    state, m = step(state, rows(d, pair_keys))
-    losses.setdefault("rm", []).append(float(m["train/loss"]))
-  params["rm"] = to_host(state.params)
+  if "rm" in algorithms:
+    state, sh = par.train_state(fresh, rm_axes, tx, rm)
+    step = par.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx), (sh, par.batch),
+                   (sh, par.replicated), (0,))
+    for d in data:
+      state, m = step(state, rows(d, pair_keys))
+      losses.setdefault("rm", []).append(float(m["train/loss"]))
+    params["rm"] = to_host(state.params)
 
   # PPO: policy, value (from the reward model), frozen reference and reward model.
   exp = types.SimpleNamespace(config=types.SimpleNamespace(ppo=PPO))
@@ -122,17 +127,19 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict) -> tuple[d
     losses.setdefault("ppo", []).append(float(m["loss/total"]))
   params["ppo"] = to_host(state.params)
 
-  # DPO from and against the reference.
-  state, sh = par.train_state(fresh, policy_axes, tx, ref)
-  step = par.jit(functools.partial(dpo.train_step, cfg=CFG, c=DPO, tx=tx),
-                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
-  for d in data:
-    state, m = step(state, ref, rows(d, pair_keys))
-    losses.setdefault("dpo", []).append(float(m["train/loss"]))
-  params["dpo"] = to_host(state.params)
+  if "dpo" in algorithms:  # From and against the reference.
+    state, sh = par.train_state(fresh, policy_axes, tx, ref)
+    step = par.jit(functools.partial(dpo.train_step, cfg=CFG, c=DPO, tx=tx),
+                   (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+    for d in data:
+      state, m = step(state, ref, rows(d, pair_keys))
+      losses.setdefault("dpo", []).append(float(m["train/loss"]))
+    params["dpo"] = to_host(state.params)
 
   # The critic-free online methods: policy {'policy'} from the reference, frozen reward model.
   for name, (module, c) in CRITIC_FREE.items():
+    if name not in algorithms:
+      continue
     state, sh = par.train_state(lambda p: fresh({"policy": jax.tree.map(jnp.copy, p)}),
                                 {"policy": policy_axes}, tx, ref)
     step = par.jit(functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS),
@@ -157,10 +164,10 @@ def main(out: str) -> None:
   init = to_host({"policy": transformer.init(key, CFG), "rm": heads.init(jax.random.fold_in(key, 1),
                                                                           CFG)})
   report = {}
-  for shape in MESHES:
+  for shape, algorithms in MESHES.items():
     name = "x".join(map(str, shape))
     par = Parallel(make_mesh(dict(zip(("data", "fsdp", "tensor"), shape))))
-    result, report[name] = run(par, data, init)
+    result, report[name] = run(par, data, init, algorithms)
     flat = {f"loss/{k}": np.array(v) for k, v in result["losses"].items()}
     for algo, tree in result["params"].items():
       for path, leaf in jax.tree_util.tree_leaves_with_path(tree):

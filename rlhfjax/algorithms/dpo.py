@@ -124,7 +124,8 @@ def train(exp: experiment.Experiment) -> TrainState:
     return {k: float(v) for k, v in m.items()} if done % c.log_every == 0 or done == steps else {}
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
-                   4 * c.batch_size * (fmt.prompt_len + fmt.response_len), "dpo", meta)
+                   4 * c.batch_size * (fmt.prompt_len + fmt.response_len), "dpo", meta,
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -44,7 +44,7 @@ import optax
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
-from rlhfjax.errors import ConfigError
+from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import contrast
 from rlhfjax.feedback import records
@@ -142,6 +142,10 @@ def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
   comps, problems = records.read(path, layout)
+  if not comps:
+    first = f": {problems[0]} (and {len(problems) - 1} more; is the layout {layout!r} right?)" \
+        if problems else ": the file is empty"
+    raise DataError(f"{path} holds no comparisons{first}")
   for p in problems[:5]:
     metrics_lib.info(f"skipping malformed comparison: {p}")
   if len(problems) > 5:
@@ -151,7 +155,7 @@ def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
     metrics_lib.info(f"{path}: leaving out {ties} ties of {len(comps)} comparisons")
     comps = [c for c in comps if not c.tie]
   if not comps:
-    raise ConfigError(f"{path} holds no usable comparisons")
+    raise DataError(f"{path} holds only ties, which the reward model cannot learn from")
   return comps
 
 
@@ -250,7 +254,8 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
     return out
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
-                   2 * c.batch_size * (fmt.prompt_len + fmt.response_len), "rm", meta)
+                   2 * c.batch_size * (fmt.prompt_len + fmt.response_len), "rm", meta,
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -117,7 +117,8 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
                        f"val loss {out['val/loss']:.3f}")
     return out
 
-  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, task, meta)
+  state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, task, meta,
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -9,16 +9,17 @@ JSON Lines also a line that is not UTF-8) becomes one problem and the rest of th
 `file:line: reason` in JSON Lines, `file: record N (index N-1): reason` in an array (N counts from
 1, the index from 0, as in `rows[N-1]`). An array that is not valid UTF-8 JSON as a whole (say a
 truncated download) cannot be split into rows, so it is a DataError naming the file, line and
-column: nothing of it is kept, and nothing is lost unnoticed. `strict` turns the problems into one
+column: nothing of it is kept, and nothing is lost unnoticed. So is a JSON Lines file whose last
+line stops mid-record without a newline: a cut-off download or copy. `strict` turns the problems into one
 DataError for callers that cannot go on without every row. `write` writes either layout atomically.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Callable, Iterable, TypeVar
 
+from rlhfjax import files
 from rlhfjax.errors import DataError
 
 T = TypeVar("T")
@@ -38,8 +39,19 @@ def read(path: str, parse: Callable[[dict[str, Any]], T]) -> tuple[list[T], list
       if not raw.strip():
         continue
       try:
-        items.append(_parse_row(json.loads(raw.decode("utf-8")), parse))
-      except (UnicodeDecodeError, ValueError) as e:
+        row = json.loads(raw.decode("utf-8"))
+      except json.JSONDecodeError as e:
+        if not raw.endswith(b"\n"):  # The last line, cut off: the file is incomplete.
+          raise DataError(f"{path}:{number}: the last line ends mid-record ({e.msg}): the file "
+                          "looks truncated; none of it was used") from None
+        problems.append(f"{path}:{number}: {e}")
+        continue
+      except UnicodeDecodeError as e:
+        problems.append(f"{path}:{number}: {e}")
+        continue
+      try:
+        items.append(_parse_row(row, parse))
+      except ValueError as e:
         problems.append(f"{path}:{number}: {e}")
   return items, problems
 
@@ -79,8 +91,16 @@ def read_array(path: str, parse: Callable[[dict[str, Any]], T]) -> tuple[list[T]
 
 
 def _is_array(path: str) -> bool:
-  """Whether the first non-whitespace byte of `path` is `[` (one JSON array, not JSON Lines)."""
+  """Whether the first non-whitespace byte of `path` is `[` (one JSON array, not JSON Lines); a
+  DataError when the file is UTF-16 or UTF-32 text (a byte-order mark, or NUL bytes) or binary."""
   with open(path, "rb") as f:
+    head = f.read(4096)
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in head:
+      kind = "UTF-16 or UTF-32 text" if head.startswith((b"\xff\xfe", b"\xfe\xff")) or \
+          head.count(b"\x00") * 4 >= len(head) else "binary data"
+      raise DataError(f"{path}: not UTF-8 JSON: it holds {kind}; convert it to UTF-8 "
+                      "(e.g. iconv -t UTF-8) or pass the right file")
+    f.seek(0)
     while chunk := f.read(4096):
       if stripped := chunk.lstrip():
         return stripped.startswith(b"[")
@@ -104,15 +124,9 @@ def write(path: str, rows: Iterable[dict[str, Any]], as_array: bool = False) -> 
   """Writes `rows` as JSON Lines, or as one JSON array indented like AlpacaFarm's files.
 
   Atomic: a temporary file renamed into place, so a reader never sees half a file."""
-  tmp = f"{path}.tmp"
-  try:
-    with open(tmp, "w", encoding="utf-8") as f:
-      if as_array:
-        json.dump(list(rows), f, ensure_ascii=False, indent=4)
-        f.write("\n")
-      else:
-        f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with files.atomic_open(path) as f:
+    if as_array:
+      json.dump(list(rows), f, ensure_ascii=False, indent=4)
+      f.write("\n")
+    else:
+      f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -14,6 +14,9 @@ from typing import Iterable, Sequence
 
 import sentencepiece as spm
 
+from rlhfjax import files
+from rlhfjax.errors import DataError
+
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
@@ -65,10 +68,8 @@ class Tokenizer:
 
   def save(self, path: str) -> None:
     """Writes the `.model` file atomically."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
+    with files.atomic_open(path, "wb") as f:
       f.write(self.model_proto)
-    os.replace(tmp, path)
 
 
 def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
@@ -101,10 +102,18 @@ def train(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
 
 
 def load(path: str) -> Tokenizer:
+  """The SentencePiece model at `path`; a DataError naming it when it is not one (empty, truncated,
+  another format) or lacks the special pieces."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"tokenizer model not found: {path}")
   with open(path, "rb") as f:
-    return Tokenizer(f.read())
+    proto = f.read()
+  try:
+    return Tokenizer(proto)
+  except (RuntimeError, ValueError) as e:
+    reason = " ".join(str(e).split())[:200]
+    raise DataError(f"{path}: not a usable SentencePiece model ({len(proto)} bytes; "
+                    f"{reason})") from None
 
 
 def load_or_train(path: str, texts: Iterable[str], vocab_size: int, model_type: str = "bpe",

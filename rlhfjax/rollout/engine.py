@@ -33,6 +33,7 @@ from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import experiment
+from rlhfjax.training import metrics
 
 
 def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int = 0,
@@ -83,7 +84,9 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[wor
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len,
                                     [control] * len(examples))
   texts, kls = [], []
-  for i, (b, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
+  batches = metrics.progress(pipeline.fixed_batches(prompts, batch_size),
+                             -(-len(examples) // batch_size), "sampling", "batch")
+  for i, (b, n) in enumerate(batches):
     batch = sample_batch(params, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
     texts += decode(exp, batch["response"])[:n]
     if ref_params is not None:

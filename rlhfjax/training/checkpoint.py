@@ -5,11 +5,18 @@ mid-save leaves the previous checkpoint intact and `latest_step()` ignores the p
 Alongside the train state we store a small JSON `meta` (e.g. reward normalisation, the config).
 A complete checkpoint damaged later (a truncated file, a disk error) fails to restore; `quarantine`
 moves it aside, kept for inspection, so the run can fall back to the one before (`loop`).
+A save that fails for lack of space or permission (Orbax reports it from a background thread, as a
+TensorStore error) is raised as the OSError it was, naming the checkpoint; its partial temporary
+directory is removed when the directory is next opened.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
 import os
+import re
 import time
 from typing import Any
 
@@ -25,7 +32,8 @@ class Checkpointer:
     self._mgr = ocp.CheckpointManager(
         os.path.abspath(directory),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             enable_async_checkpointing=True))
+                                             enable_async_checkpointing=True,
+                                             cleanup_tmp_directories=True))
 
   @property
   def directory(self) -> str:
@@ -59,8 +67,9 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: dict | None = None) -> None:
     if step in self._mgr.all_steps():
       return
-    self._mgr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+    with self._os_errors(step):
+      self._mgr.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
 
   def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
     """Restores the state into `target`'s structure, shapes and shardings; returns (state, meta)."""
@@ -79,11 +88,41 @@ class Checkpointer:
     return dict(out["meta"] or {})
 
   def wait(self) -> None:
-    self._mgr.wait_until_finished()
+    with self._os_errors(None):
+      self._mgr.wait_until_finished()
 
   def close(self) -> None:
-    self._mgr.wait_until_finished()
+    self.wait()
     self._mgr.close()
+
+  @contextlib.contextmanager
+  def _os_errors(self, step: int | None):
+    """Re-raises a failed write's operating-system error (Orbax wraps it in a TensorStore message
+    with `os_error_code='N'`, or chains it) as that OSError, naming the checkpoint."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      code = _os_error_code(e)
+      if code is None:
+        raise
+      # Orbax's abandoned write tasks log their errors when collected: now, not after ours.
+      gc.collect()
+      where = self.directory if step is None else f"{self.directory} (step {step})"
+      raise OSError(code, os.strerror(code), where) from e
+
+
+def _os_error_code(e: BaseException) -> int | None:
+  """The errno of a disk-full, read-only or permission failure behind `e`, if that is what it is."""
+  while e is not None:
+    if isinstance(e, OSError) and e.errno is not None:
+      code = e.errno
+    else:
+      found = re.search(r"os_error_code='?(\d+)", str(e))
+      code = int(found.group(1)) if found else None
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG):
+      return code
+    e = e.__cause__ or e.__context__
+  return None
 
 
 def latest_step(directory: str) -> int | None:

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import ml_collections
 
+from rlhfjax import files
 from rlhfjax.data import pipeline
 from rlhfjax.data import tokenizer as tokenizer_lib
 from rlhfjax.data import world
@@ -90,17 +91,13 @@ def write_json(path: str, obj: Any) -> None:
   """Writes JSON atomically (temp file, then rename); only process 0 writes."""
   if jax.process_index() != 0:
     return
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with files.atomic_open(path) as f:
     json.dump(obj, f, indent=2)
-  os.replace(tmp, path)
 
 
 def write_text(path: str, text: str) -> None:
   """Writes text atomically; only process 0 writes."""
   if jax.process_index() != 0:
     return
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with files.atomic_open(path) as f:
     f.write(text)
-  os.replace(tmp, path)

@@ -7,10 +7,16 @@ On a preemption request (SIGTERM) the loop checkpoints the step just finished an
 `preemption.Preempted`.
 
 Divergence guard: every step's losses and gradient norms (metrics whose name ends in `loss` or
-`grad_norm`) must be finite. A step's are read one step later, while the next step runs, so the
-guard costs no pipeline stall; before a checkpoint is written the step's own are read, so a
-checkpoint never holds the parameters a non-finite step produced. A non-finite value raises
-`Diverged` naming the step, the metric and the last good checkpoint.
+`grad_norm`) and its gradient (`optimizer.nonfinite_updates`) must be finite. A step's are read one
+step later, while the next step runs, so the guard costs no pipeline stall; before a checkpoint is
+written the step's own are read, so a checkpoint never holds the parameters a non-finite step
+produced. A non-finite value raises `Diverged` naming the step, the metric and the last good
+checkpoint, unless the optimizer dropped that update (`skip_nonfinite` > 0: up to that many in a
+row): then one line says so and the count goes to the metrics as `train/skipped_updates`.
+
+Resuming under another configuration is refused, except for the optimizer settings in
+`MAY_CHANGE_ON_RESUME` (so a run that diverged can go on from its last good checkpoint with a lower
+learning rate or with skipping on); a change there is logged.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 
@@ -26,6 +33,10 @@ from rlhfjax.errors import ConfigError, Diverged
 from rlhfjax.parallel import preemption
 from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
+from rlhfjax.training import optimizer
+
+# Optimizer settings a resumed run may change: they leave the train state's layout as it is.
+MAY_CHANGE_ON_RESUME = ("lr", "warmup_steps", "end_lr_frac", "weight_decay", "skip_nonfinite")
 
 
 def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None = None) -> Any:
@@ -55,30 +66,47 @@ def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None 
 
 
 def _check_meta(ckpt: checkpoint.Checkpointer, stored: dict, meta: dict) -> None:
+  changed, refused = [], []
   for key, value in meta.items():
-    if key in stored and stored[key] != value:
-      diff = ", ".join(f"{key}.{k}: {stored[key].get(k)!r} -> {v!r}" for k, v in value.items()
-                       if stored[key].get(k) != v) if isinstance(value, dict) else f"{key}"
-      raise ConfigError(f"{ckpt.directory} holds a run with another configuration ({diff}); "
-                        "use a new --workdir or restore the old settings")
+    if key not in stored or stored[key] == value:
+      continue
+    if not isinstance(value, dict) or not isinstance(stored[key], dict):
+      refused.append(key)
+      continue
+    for k in sorted(set(value) | set(stored[key])):
+      old, new = stored[key].get(k), value.get(k)
+      if old != new:
+        may = k in MAY_CHANGE_ON_RESUME and k in stored[key] and k in value
+        (changed if may else refused).append(f"{key}.{k}: {old!r} -> {new!r}")
+  if refused:
+    raise ConfigError(f"{ckpt.directory} holds a run with another configuration "
+                      f"({', '.join(refused)}); use a new --workdir or restore the old settings")
+  if changed:
+    metrics_lib.info(f"resuming {ckpt.directory} with changed optimizer settings: "
+                     f"{', '.join(changed)}")
 
 
 def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, dict]],
         periodic: Callable[[Any, int, dict], dict[str, float]], ckpt: checkpoint.Checkpointer,
         writer: metrics_lib.MetricWriter, tokens_per_step: int, name: str,
-        meta: dict | None = None) -> Any:
-  """Runs steps `state.step .. total_steps - 1`; saves every `ckpt.every` steps and at the end."""
+        meta: dict | None = None, skip_nonfinite: int = 0) -> Any:
+  """Runs steps `state.step .. total_steps - 1`; saves every `ckpt.every` steps and at the end.
+
+  `skip_nonfinite` must be the setting the optimizer was built with (`optimizer.adamw`)."""
   start = int(state.step)
   t0 = time.perf_counter()
-  unchecked = None  # (step, metrics) of the step before, read while this one runs.
+  guard = _Guard(ckpt, name, skip_nonfinite, optimizer.nonfinite_updates(state)[1])
+  unchecked = None  # (step, metrics, counts) of the step before, read while this one runs.
   with tqdm.tqdm(total=total_steps, initial=start, desc=name, unit="step", dynamic_ncols=True,
                  disable=jax.process_index() != 0) as bar:
     for step in range(start, total_steps):
       state, m = one_step(state, step)
       done = step + 1
+      # Copies: the state's own arrays are donated to the next step.
+      counts = jax.tree.map(jnp.copy, optimizer.nonfinite_updates(state))
       if unchecked is not None:
-        _guard(*unchecked, ckpt, name)
-      unchecked = (done, m)
+        guard(*unchecked)
+      unchecked = (done, m, counts)
       out = periodic(state, done, m)
       if out:
         if "train/loss" in out:
@@ -86,10 +114,12 @@ def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, 
         rate = (done - start) / (time.perf_counter() - t0)
         out["perf/steps_per_s"] = rate
         out["perf/tokens_per_s"] = rate * tokens_per_step
+        if skip_nonfinite:
+          out["train/skipped_updates"] = int(counts[1])
         writer.write(done, out)
       stop = done < total_steps and preemption.requested()
       if ckpt.should_save(done) or done == total_steps or stop:
-        _guard(done, m, ckpt, name)
+        guard(*unchecked)
         unchecked = None
         ckpt.save(done, state, meta)
       bar.update()
@@ -100,14 +130,37 @@ def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, 
   return state
 
 
-def _guard(step: int, metrics: dict, ckpt: checkpoint.Checkpointer, name: str) -> None:
-  """Raises `Diverged` if a loss or gradient norm of step `step` is not finite."""
-  watched = {k: v for k, v in metrics.items() if k.endswith(("loss", "grad_norm"))}
-  for key, value in jax.device_get(watched).items():
-    if not np.all(np.isfinite(value)):
-      ckpt.wait()
-      last = ckpt.latest_step()
-      good = f"{ckpt.path(last)} (step {last})" if last is not None else "none yet"
-      raise Diverged(f"{name}: step {step}: {key} = {np.asarray(value).tolist()} is not finite; "
-                     f"stopped before saving it. Last good checkpoint: {good}. Lower the "
-                     "learning rate (or fix the input) and rerun: it resumes from there")
+class _Guard:
+  """Checks one step's metrics and non-finite update counts; raises `Diverged` or logs a skip."""
+
+  def __init__(self, ckpt: checkpoint.Checkpointer, name: str, skip_nonfinite: int,
+               total: jax.Array):
+    self.ckpt, self.name, self.limit = ckpt, name, skip_nonfinite
+    self.total = int(total)  # Non-finite updates up to the last step checked.
+
+  def __call__(self, step: int, metrics: dict, counts: tuple[jax.Array, jax.Array]) -> None:
+    watched = {k: v for k, v in metrics.items() if k.endswith(("loss", "grad_norm"))}
+    watched, (in_a_row, total) = jax.device_get((watched, counts))
+    bad = [(k, v) for k, v in watched.items() if not np.all(np.isfinite(v))]
+    new, self.total = int(total) - self.total, int(total)
+    if new and self.limit and in_a_row <= self.limit:
+      what = f"{bad[0][0]} = {np.asarray(bad[0][1]).tolist()}" if bad else "gradient"
+      metrics_lib.info(f"{self.name}: step {step}: {what} is not finite; dropped {new} update(s) "
+                       f"({int(in_a_row)} in a row, {int(total)} in all; skip_nonfinite="
+                       f"{self.limit})")
+      return
+    if bad:
+      key, value = bad[0]
+      self._stop(step, f"{key} = {np.asarray(value).tolist()} is not finite")
+    if in_a_row:  # A non-finite gradient the optimizer applied: past the limit, or no limit.
+      more = f" after {self.limit} dropped in a row" if self.limit else ""
+      self._stop(step, f"the gradient is not finite{more}")
+
+  def _stop(self, step: int, what: str) -> None:
+    self.ckpt.wait()
+    last = self.ckpt.latest_step()
+    good = f"{self.ckpt.path(last)} (step {last})" if last is not None else "none yet"
+    raise Diverged(f"{self.name}: step {step}: {what}; stopped before saving it. Last good "
+                   f"checkpoint: {good}. Rerun with a lower learning rate (or fixed input), or "
+                   f"with {self.name}.skip_nonfinite=N to drop up to N such updates in a row: "
+                   "it resumes from there")

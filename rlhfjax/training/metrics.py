@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
 import jax
 import numpy as np
 import tqdm
+
+T = TypeVar("T")
 
 
 def _scalar(v: Any) -> float:
@@ -65,3 +67,10 @@ def info(message: str) -> None:
   """Prints on process 0 only, without breaking an active progress bar."""
   if jax.process_index() == 0:
     tqdm.tqdm.write(message)
+
+
+def progress(items: Iterable[T], total: int, desc: str, unit: str) -> Iterable[T]:
+  """`items` with a progress bar (rate and ETA) on process 0; for the long loops outside training
+  (sampling, scoring)."""
+  return tqdm.tqdm(items, total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=False,
+                   disable=jax.process_index() != 0)
