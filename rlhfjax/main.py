@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
 from rlhfjax import compile as compile_task
+from rlhfjax import config_check
 from rlhfjax import export
 from rlhfjax import files
 from rlhfjax import seeds
@@ -139,6 +140,7 @@ def run(config, workdir: str):
   With several processes (`config.distributed`) all of them run this; they meet after each stage,
   so files process 0 wrote are there for the next one.
   """
+  config_check.check(config)
   distributed.initialize(config.distributed)
   if jax.process_index() == 0:
     files.check_writable(workdir)

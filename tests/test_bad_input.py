@@ -91,25 +91,6 @@ def test_malformed_tokenizer_file(earlier, tmp_path, kind):
     main.run(config, str(tmp_path / "work"))
 
 
-def test_the_command_line_says_it_in_one_line(earlier, tmp_path):
-  _, workdir, before = earlier
-  work = tmp_path / "work"
-  shutil.copytree(workdir, work)
-  with open(work / "label" / "valid.jsonl") as f:
-    text = f.read()
-  (tmp_path / "cut.jsonl").write_text(text[:len(text) // 2])
-  r = subprocess.run([sys.executable, "-m", "rlhfjax.main", "--config", "configs/tldr_sim.py:tiny",
-                      "--workdir", str(work), "--config.task=rm",
-                      f"--config.rm.valid_file={tmp_path / 'cut.jsonl'}"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert r.returncode == 2, r.stderr[-2000:]
-  assert "Traceback" not in r.stderr
-  assert r.stderr.strip().splitlines()[-1].startswith(
-      f"rlhfjax: error: {tmp_path / 'cut.jsonl'}:"), r.stderr[-2000:]
-  assert {k: v for k, v in _digests(str(work)).items() if k != "config.json"} == \
-         {k: v for k, v in before.items() if k != "config.json"}
-
-
 def _namespaces() -> bool:
   try:
     return subprocess.run(["unshare", "-Urm", "true"], capture_output=True, timeout=30).returncode == 0

@@ -2,10 +2,15 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
-from conftest import ROOT
+import pytest
+
+from conftest import ROOT, load_config
+from rlhfjax import main
+from rlhfjax.errors import ConfigError
 
 
 def _main(*args, cwd=ROOT):
@@ -73,3 +78,27 @@ def test_help_lists_tasks_and_configs_and_exits_0():
     assert r.returncode == 0, r.stderr
     assert "Tasks (--config.task=NAME" in r.stdout and "label_server" in r.stdout
     assert "configs/tldr_sim.py" in r.stdout and "configs/labeling.py" in r.stdout
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("sft.batch_size", 0, "sft.batch_size must be > 0, got 0"),
+    ("rm.lr", -1e-3, "rm.lr must be > 0, got -0.001"),
+    ("ppo.lr", float("nan"), "ppo.lr must be finite, got nan"),
+    ("eval.top_p", 0.0, "eval.top_p must be in (0, 1], got 0.0"),
+    ("annotators.flip_rate", 1.5, "annotators.flip_rate must be in [0, 1], got 1.5"),
+    ("dpo.beta", 0.0, "dpo.beta must be > 0, got 0.0"),
+    ("sft.log_every", 0, "sft.log_every must be > 0, got 0"),
+    ("checkpoint.keep", 0, "checkpoint.keep must be > 0, got 0"),
+])
+def test_out_of_range_values_name_the_key_before_any_work(tmp_path, key, value, says):
+  config = load_config()
+  block, name = key.split(".")
+  config[block][name] = value
+  with pytest.raises(ConfigError, match=re.escape(says)):
+    main.run(config, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w")
+
+
+def test_out_of_range_on_the_command_line(tmp_path):
+  _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
+                        "--config.ppo.minibatch_size=-4"), "ppo.minibatch_size must be > 0, got -4")

@@ -163,9 +163,9 @@ def test_train_step_adds_the_weighted_contrastive_loss():
          for s in ("chosen", "rejected")]
     return reward_model.bradley_terry(*r)
 
-  _, m = reward_model.train_step(
-      TrainState.create(PARAMS, tx), {**labelled, **{"contrast_" + k: v for k, v in extra.items()}},
-      cfg=CFG, tx=tx, contrast_weight=0.5)
+  step = jax.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx, contrast_weight=0.5))
+  _, m = step(TrainState.create(PARAMS, tx),
+              {**labelled, **{"contrast_" + k: v for k, v in extra.items()}})
   want_pref, want_contrast = bt(labelled), bt(extra)
   np.testing.assert_allclose(float(m["train/preference_loss"]), float(want_pref["loss"]), rtol=1e-5)
   np.testing.assert_allclose(float(m["train/contrast_loss"]), float(want_contrast["loss"]),

@@ -115,9 +115,9 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path, tiny_config, capfd):
   for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(again)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
-  # Resuming the same workdir under another model or schedule is refused, naming what changed.
-  tiny_config.sft.update(lr=1e-4)
-  with pytest.raises(ConfigError, match=r"sft.lr"):
+  # Resuming the same workdir under another batch size is refused, naming what changed.
+  tiny_config.sft.update(batch_size=4)
+  with pytest.raises(ConfigError, match=r"sft\.batch_size: 8 -> 4"):
     sft.train(experiment.prepare(tiny_config, workdir))
 
 

@@ -113,7 +113,9 @@ def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Pos
   fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
   data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
           **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
-  out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in pipeline.fixed_batches(data, bs)]
+  batches = metrics_lib.progress(pipeline.fixed_batches(data, bs), -(-len(texts) // bs), "scoring",
+                                 "batch")
+  out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in batches]
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
 
 
