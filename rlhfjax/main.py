@@ -11,6 +11,7 @@ multi-host run executes this same command (see launch/).
 from __future__ import annotations
 
 import errno
+import logging as std_logging
 import os
 import re
 import sys
@@ -168,6 +169,10 @@ def main(argv: list[str]) -> None:
   except (ConfigError, DataError) as e:
     _fail(str(e))
   except OSError as e:
+    # Orbax's abandoned background writes log the same failure again as they are collected at
+    # exit; the line below has said it, so the user's last line stays ours.
+    std_logging.disable(std_logging.CRITICAL)
+    sys.unraisablehook = lambda _: None
     _fail(_os_error(e))
   except preemption.Preempted as e:
     print(f"rlhfjax: {e}", file=sys.stderr)

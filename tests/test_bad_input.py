@@ -79,16 +79,19 @@ def test_malformed_comparisons_file(earlier, tmp_path, kind, message):
 
 @pytest.mark.parametrize("kind", ["empty", "truncated", "wrong format"])
 def test_malformed_tokenizer_file(earlier, tmp_path, kind):
-  config, workdir, _ = earlier
+  config, workdir, before = earlier
   with open(os.path.join(workdir, "tokenizer.model"), "rb") as f:
     good = f.read()
   bad = tmp_path / "bad.model"
   bad.write_bytes({"empty": b"", "truncated": good[:len(good) // 3],
                    "wrong format": b'{"model": "not sentencepiece"}'}[kind])
+  work = str(tmp_path / "work")
+  shutil.copytree(workdir, work)
   config = config.copy_and_resolve_references()
-  config.task, config.tokenizer.path = "sft", str(bad)
+  config.task, config.tokenizer.path = "rm", str(bad)
   with pytest.raises(DataError, match=r"bad\.model: not a usable SentencePiece model"):
-    main.run(config, str(tmp_path / "work"))
+    main.run(config, work)
+  assert _digests(work) == before
 
 
 def _namespaces() -> bool:

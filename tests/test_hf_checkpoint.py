@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from rlhfjax.data import pretrained_tokenizer
-from rlhfjax.errors import ConfigError
+from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.models import hf_checkpoint, transformer
 from rlhfjax.models.config import ModelConfig
 
@@ -337,6 +337,17 @@ def test_missing_tensor_names_the_tensor_and_the_file(tmp_path):
   path = write(tmp_path, config, tensors)
   with pytest.raises(ConfigError, match=r"model\.safetensors: missing tensor "
                                         r"'model\.layers\.1\.mlp\.up_proj\.weight'"):
+    hf_checkpoint.load(path)
+
+
+@pytest.mark.parametrize("cut", [0, 5, 0.5])
+def test_empty_or_truncated_weights_name_the_file(tmp_path, cut):
+  config, tensors = llama_hf(np.random.default_rng(3))
+  path = write(tmp_path, config, tensors)
+  weights = os.path.join(path, "model.safetensors")
+  os.truncate(weights, int(cut * os.path.getsize(weights)) if isinstance(cut, float) else cut)
+  with pytest.raises(DataError, match=r"model\.safetensors: not a readable safetensors file \("
+                                      r"Error while deserializing header"):
     hf_checkpoint.load(path)
 
 

@@ -272,6 +272,7 @@ def _gpt2_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
 
 def _read_tensors(directory: str) -> tuple[Tensors, dict[str, str]]:
   """Every tensor of the checkpoint, and the file (path) each came from."""
+  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   single, index = os.path.join(directory, WEIGHTS), os.path.join(directory, INDEX)
   if os.path.exists(single):
@@ -286,7 +287,12 @@ def _read_tensors(directory: str) -> tuple[Tensors, dict[str, str]]:
   for path in files:
     if not os.path.exists(path):
       raise FileNotFoundError(f"{index}: lists the missing shard {path}")
-    for name, array in load_file(path).items():
+    try:
+      loaded = load_file(path)
+    except SafetensorError as e:  # Empty, truncated or not safetensors at all.
+      raise DataError(f"{path}: not a readable safetensors file ({e}; {os.path.getsize(path)} "
+                      "bytes)") from None
+    for name, array in loaded.items():
       tensors[name], where[name] = array, path
   for name, file in (weight_map or {}).items():
     if name not in tensors:
