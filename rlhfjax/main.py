@@ -90,6 +90,7 @@ TASKS: dict[str, Callable] = {
     "seeds": lambda config, workdir: seeds.run(config, workdir, run),  # `run` below, per seed.
 }
 
+
 def _help() -> str:
   """What `--help` prints after the module docstring: the tasks and the shipped configs."""
   configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -113,7 +114,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, metrics and 
                                "(default: config.workdir). A rerun in the same workdir resumes.")
 
 
-DIVERGED_EXIT_CODE = 3  # A non-finite loss or gradient norm stopped training (loop._guard).
+DIVERGED_EXIT_CODE = 3  # A non-finite loss or gradient norm stopped training (loop._Guard).
 
 
 def _fail(message: str) -> None:

@@ -125,7 +125,7 @@ def train(exp: experiment.Experiment) -> TrainState:
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
                    4 * c.batch_size * (fmt.prompt_len + fmt.response_len), "dpo", meta,
-                   c.skip_nonfinite)
+                   c.get("skip_nonfinite", 0))
   writer.close()
   ckpt.close()
   return state

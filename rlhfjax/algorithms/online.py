@@ -269,7 +269,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     writer.write(0, {f"eval/{name}": v for name, v in held_out(state.params["policy"]).items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),
-                   task, meta, c.skip_nonfinite)
+                   task, meta, c.get("skip_nonfinite", 0))
   writer.close()
   ckpt.close()
   return state

@@ -214,10 +214,10 @@ def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pip
   rollout, stats = experience(state.params, ref_params, reward_params, batch, state.kl_coef,
                               cfg=cfg, c=c, eos_id=eos_id)
   state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx)
-  if c.adaptive_kl:
+  if c.adaptive_kl:  # Not from a non-finite KL: a dropped update (skip_nonfinite) leaves it too.
     n = batch["response"].shape[0]
-    state = state.replace(kl_coef=adaptive_kl_coef(state.kl_coef, stats["objective/kl"],
-                                                   c.kl_target, c.kl_horizon, n))
+    kl_coef = adaptive_kl_coef(state.kl_coef, stats["objective/kl"], c.kl_target, c.kl_horizon, n)
+    state = state.replace(kl_coef=jnp.where(jnp.isfinite(kl_coef), kl_coef, state.kl_coef))
   return state, {**stats, **update_stats}
 
 

@@ -257,7 +257,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
                    2 * c.batch_size * (fmt.prompt_len + fmt.response_len), "rm", meta,
-                   c.skip_nonfinite)
+                   c.get("skip_nonfinite", 0))
   writer.close()
   ckpt.close()
   return state
@@ -330,9 +330,10 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   model_dir = f"{exp.workdir}/rm/model"
   if checkpoint.latest_step(model_dir) == 1:
     params, stored = load(exp)
-    if {k: stored.get(k) for k in meta} != meta:
-      raise ConfigError(f"{model_dir} holds a reward model trained under another configuration; "
-                        "use a new --workdir or restore the old settings")
+    refused = loop.meta_differences({k: stored.get(k) for k in meta}, meta)[1]
+    if refused:
+      raise ConfigError(f"{model_dir} holds a reward model trained under another configuration "
+                        f"({', '.join(refused)}); use a new --workdir or restore the old settings")
     metrics_lib.info(f"reward model already trained: {model_dir}")
     return params, stored
   train_comps = load_comparisons(files["train"], c.layout)

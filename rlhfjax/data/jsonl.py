@@ -38,15 +38,13 @@ def read(path: str, parse: Callable[[dict[str, Any]], T]) -> tuple[list[T], list
     for number, raw in enumerate(f, start=1):
       if not raw.strip():
         continue
-      try:
-        row = json.loads(raw.decode("utf-8"))
-      except json.JSONDecodeError as e:
+      try:  # utf-8-sig: a byte-order mark some editors write is not part of the first record.
+        row = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
         if not raw.endswith(b"\n"):  # The last line, cut off: the file is incomplete.
-          raise DataError(f"{path}:{number}: the last line ends mid-record ({e.msg}): the file "
+          reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+          raise DataError(f"{path}:{number}: the last line ends mid-record ({reason}): the file "
                           "looks truncated; none of it was used") from None
-        problems.append(f"{path}:{number}: {e}")
-        continue
-      except UnicodeDecodeError as e:
         problems.append(f"{path}:{number}: {e}")
         continue
       try:

@@ -35,6 +35,7 @@ from rlhfjax.feedback import records
 from rlhfjax.models import generate
 from rlhfjax.models import sampling
 from rlhfjax.training import experiment
+from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 
 SPLITS = {"train": "pref", "valid1": "validation"}  # Comparison split -> data split.
@@ -125,9 +126,10 @@ def label(exp: experiment.Experiment) -> dict[str, str]:
   meta = _meta(exp)
   if os.path.exists(meta_path) and all(os.path.exists(p) for p in paths.values()):
     with open(meta_path, encoding="utf-8") as f:
-      if json.load(f) != meta:
-        raise ConfigError(f"{task_dir} holds comparisons made under another configuration; use a "
-                          "new --workdir or restore the old settings")
+      refused = loop.meta_differences(json.load(f), meta)[1]
+    if refused:  # The SFT policy's learning rate may have changed on a resume; nothing else.
+      raise ConfigError(f"{task_dir} holds comparisons made under another configuration "
+                        f"({', '.join(refused)}); use a new --workdir or restore the old settings")
     metrics_lib.info(f"comparisons already labelled: {task_dir}")
     return paths
   if c.comparisons:

@@ -23,6 +23,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from rlhfjax.errors import ConfigError
+
 
 class Checkpointer:
   """Saves `{'state': pytree, 'meta': json}` every `every` steps under `directory`."""
@@ -148,5 +150,12 @@ def restore_finished(directory: str, template: Any, steps: int, task: str) -> tu
   ckpt = Checkpointer(directory, 0)
   try:
     return ckpt.restore(template, steps)
+  except ValueError as e:
+    if "mismatch" not in str(e).lower():
+      raise
+    # E.g. a checkpoint from before the optimizer gained `apply_if_finite`'s counters.
+    raise ConfigError(f"{ckpt.path(steps)} holds a train state of another layout (an older "
+                      f"rlhfjax, or other settings): {' '.join(str(e).split())[:160]}; rerun "
+                      f"task={task} in a new --workdir") from None
   finally:
     ckpt.close()

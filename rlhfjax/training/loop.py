@@ -66,6 +66,19 @@ def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None 
 
 
 def _check_meta(ckpt: checkpoint.Checkpointer, stored: dict, meta: dict) -> None:
+  changed, refused = meta_differences(stored, meta)
+  if refused:
+    raise ConfigError(f"{ckpt.directory} holds a run with another configuration "
+                      f"({', '.join(refused)}); use a new --workdir or restore the old settings")
+  if changed:
+    metrics_lib.info(f"resuming {ckpt.directory} with changed optimizer settings: "
+                     f"{', '.join(changed)}")
+
+
+def meta_differences(stored: dict, meta: dict) -> tuple[list[str], list[str]]:
+  """(allowed, refused) differences between a run's stored and present settings, as
+  `block.key: old -> new`: the optimizer settings of `MAY_CHANGE_ON_RESUME` may differ, nothing
+  else; a block the stored meta lacks is not compared."""
   changed, refused = [], []
   for key, value in meta.items():
     if key not in stored or stored[key] == value:
@@ -78,12 +91,7 @@ def _check_meta(ckpt: checkpoint.Checkpointer, stored: dict, meta: dict) -> None
       if old != new:
         may = k in MAY_CHANGE_ON_RESUME and k in stored[key] and k in value
         (changed if may else refused).append(f"{key}.{k}: {old!r} -> {new!r}")
-  if refused:
-    raise ConfigError(f"{ckpt.directory} holds a run with another configuration "
-                      f"({', '.join(refused)}); use a new --workdir or restore the old settings")
-  if changed:
-    metrics_lib.info(f"resuming {ckpt.directory} with changed optimizer settings: "
-                     f"{', '.join(changed)}")
+  return changed, refused
 
 
 def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, dict]],
@@ -157,7 +165,10 @@ class _Guard:
       self._stop(step, f"the gradient is not finite{more}")
 
   def _stop(self, step: int, what: str) -> None:
-    self.ckpt.wait()
+    try:
+      self.ckpt.wait()
+    except OSError:  # A failed earlier save: the divergence is the news; the last good one stands.
+      pass
     last = self.ckpt.latest_step()
     good = f"{self.ckpt.path(last)} (step {last})" if last is not None else "none yet"
     raise Diverged(f"{self.name}: step {step}: {what}; stopped before saving it. Last good "
