@@ -227,9 +227,10 @@ def test_rerun_reuses_and_refuses_changed_settings(pipeline_run):
   with pytest.raises(ConfigError, match="label"):
     main.run(changed, workdir)
   changed = config.copy_and_resolve_references()
-  changed.rm.lr = 1e-2
+  changed.rm.batch_size = 4
   changed.stages = "rm"
-  with pytest.raises(ConfigError, match="rm/model"):
+  with pytest.raises(ConfigError, match=r"rm/model holds a reward model trained under another "
+                     r"configuration \(rm\.batch_size: 8 -> 4\)"):
     main.run(changed, workdir)
 
 

@@ -330,11 +330,12 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   model_dir = f"{exp.workdir}/rm/model"
   if checkpoint.latest_step(model_dir) == 1:
     params, stored = load(exp)
-    refused = loop.meta_differences({k: stored.get(k) for k in meta}, meta)[1]
+    changed, refused = loop.meta_differences({k: stored.get(k) for k in meta}, meta)
     if refused:
       raise ConfigError(f"{model_dir} holds a reward model trained under another configuration "
                         f"({', '.join(refused)}); use a new --workdir or restore the old settings")
-    metrics_lib.info(f"reward model already trained: {model_dir}")
+    metrics_lib.info(f"reward model already trained: {model_dir}" + (
+        f" (optimizer settings since changed: {', '.join(changed)})" if changed else ""))
     return params, stored
   train_comps = load_comparisons(files["train"], c.layout)
   sft_params = sft.load_policy(exp)
