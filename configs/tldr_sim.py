@@ -30,6 +30,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # JAX_COORDINATOR_ADDRESS set; 'explicit' uses the three keys below (launch/multiprocess.py); 'off'.
   c.distributed = dict(mode="auto", coordinator_address="", num_processes=1, process_id=0,
                        initialization_timeout=300)
+  # How JAX computes (rlhfjax/runtime.py; set before the backend starts). matmul_precision 'auto':
+  # 'highest' for float32 models (float32 matmuls are TF32 on GPUs, bf16 passes on TPUs otherwise),
+  # JAX's 'default' for bf16 ones. deterministic: XLA's deterministic GPU reductions and scatters,
+  # so a resumed run equals an uninterrupted one; False is the fast setting for bf16 GPU training.
+  c.runtime = dict(matmul_precision="auto", deterministic=True)
 
   # Data: the procedurally generated TL;DR world, AlpacaFarm-style splits (sizes in examples).
   # reference_noise scales how often human references miss or add a detail (0: ideal references).

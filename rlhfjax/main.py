@@ -29,6 +29,7 @@ from rlhfjax import compile as compile_task
 from rlhfjax import config_check
 from rlhfjax import export
 from rlhfjax import files
+from rlhfjax import runtime
 from rlhfjax import seeds
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
@@ -143,6 +144,8 @@ def run(config, workdir: str):
   so files process 0 wrote are there for the next one.
   """
   config_check.check(config)
+  # Both before the first computation starts a backend: XLA reads its flags only then.
+  runtime.apply(config.get("runtime"), config.model.get("dtype", "float32"))
   distributed.initialize(config.distributed)
   if jax.process_index() == 0:
     files.check_writable(workdir)

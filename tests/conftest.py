@@ -6,6 +6,12 @@ import os
 import pytest
 
 from rlhfjax import config_file
+from rlhfjax import runtime
+
+# What `python -m rlhfjax.main` sets for float32 configs: full-precision float32 matmuls and
+# deterministic GPU ops, so the parity and exact-resume tests hold on a GPU or TPU as on a CPU
+# (where both change nothing). Before any test starts a backend.
+runtime.apply(None, "float32")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

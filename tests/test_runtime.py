@@ -1,0 +1,98 @@
+"""config.runtime: matmul precision and deterministic GPU ops reach JAX and XLA."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from rlhfjax import main
+from rlhfjax import runtime
+from rlhfjax.errors import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def restore():
+  """Puts JAX's precision and XLA_FLAGS back as they were."""
+  precision, flags = jax.config.jax_default_matmul_precision, os.environ.get("XLA_FLAGS")
+  yield
+  jax.config.update("jax_default_matmul_precision", precision)
+  if flags is None:
+    os.environ.pop("XLA_FLAGS", None)
+  else:
+    os.environ["XLA_FLAGS"] = flags
+
+
+def test_auto_precision_follows_the_model_dtype():
+  assert runtime.matmul_precision("auto", "float32") == "highest"
+  assert runtime.matmul_precision("auto", "bfloat16") == "default"
+  assert runtime.matmul_precision("tensorfloat32", "float32") == "tensorfloat32"
+  with pytest.raises(ConfigError, match="runtime.matmul_precision"):
+    runtime.matmul_precision("fast", "float32")
+  with pytest.raises(ConfigError, match="runtime.determinism"):
+    runtime.apply({"determinism": True}, "float32")
+
+
+def _dot_precision() -> str:
+  """The precision attribute of a float32 matmul as JAX lowers it now."""
+  a = jnp.ones((8, 8), jnp.float32)
+  text = jax.jit(jnp.matmul).lower(a, a).as_text()
+  line = next(line for line in text.splitlines() if "dot_general" in line)
+  return line.split("precision = [")[1].split(",")[0]
+
+
+def test_precision_reaches_the_lowered_matmul(restore):
+  assert runtime.apply({"matmul_precision": "auto"}, "float32")["matmul_precision"] == "highest"
+  assert _dot_precision() == "HIGHEST"
+  runtime.apply({"matmul_precision": "auto"}, "bfloat16")
+  assert _dot_precision() == "DEFAULT"
+
+
+_CHILD = """
+import json, os, sys
+from rlhfjax import runtime
+before = os.environ.get("XLA_FLAGS", "")
+done = runtime.apply(json.loads(sys.argv[1]), "float32")
+import jax
+jax.devices()  # The backend starts with the flags set: XLA accepts the flag on this platform.
+print(json.dumps({"flags": os.environ.get("XLA_FLAGS", ""), "done": done,
+                  "precision": jax.config.jax_default_matmul_precision}))
+"""
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_deterministic_flag_is_set_before_the_backend_starts(deterministic):
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  block = json.dumps({"deterministic": deterministic})
+  out = subprocess.run([sys.executable, "-c", _CHILD, block], env=env, cwd=ROOT, check=True,
+                       capture_output=True, text=True).stdout
+  got = json.loads(out.splitlines()[-1])
+  flags = got["flags"].split()
+  assert flags[0] == "--xla_force_host_platform_device_count=2"  # The user's flags are kept.
+  assert (runtime.DETERMINISTIC_FLAG in flags) == deterministic
+  assert got["done"] == {"matmul_precision": "highest", "deterministic": str(deterministic).lower()}
+  assert got["precision"] == "highest"
+
+
+def test_a_started_gpu_backend_without_the_flag_is_an_error(restore, monkeypatch):
+  os.environ["XLA_FLAGS"] = ""
+  monkeypatch.setattr(runtime.xla_bridge, "backends_are_initialized", lambda: True)
+  monkeypatch.setattr(runtime.jax, "default_backend", lambda: "gpu")
+  with pytest.raises(ConfigError, match="export XLA_FLAGS=--xla_gpu_deterministic_ops=true"):
+    runtime.apply({"deterministic": True}, "float32")
+  runtime.apply({"deterministic": False}, "float32")  # The fast setting needs no flag.
+  monkeypatch.setattr(runtime.jax, "default_backend", lambda: "cpu")
+  assert runtime.apply(None, "float32")["deterministic"] == "false"  # Nothing to do on a CPU.
+
+
+def test_main_checks_the_runtime_block_before_any_work(tiny_config, tmp_path, restore):
+  tiny_config.runtime.matmul_precision = "fast"
+  with pytest.raises(ConfigError, match="runtime.matmul_precision"):
+    main.run(tiny_config, str(tmp_path))
+  assert not os.listdir(tmp_path)
