@@ -3,6 +3,8 @@
 import importlib.util
 import os
 import shlex
+import socket
+import subprocess
 import sys
 
 import pytest
@@ -25,7 +27,8 @@ def _lines(capsys):
   return [shlex.split(l) for l in capsys.readouterr().out.strip().splitlines() if l.strip()]
 
 
-def test_local_launcher_gives_each_process_its_id_and_one_coordinator(capsys):
+def test_local_launcher_gives_each_process_its_id_and_one_coordinator(capsys, monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)  # The printed flags are the launcher's own.
   local = _load("multiprocess")
   assert local.main(["--processes", "3", "--devices_per_process", "2", "--port", "4321",
                      "--dry_run", "--", *MAIN_ARGS]) == 0
@@ -99,17 +102,135 @@ def test_tpu_pod_queued_resources_and_generation_runtimes(capsys):
     tpu.main(["run", "--name", "q", "--zone", "z", "--dry_run", "--no_fit_check", "--", *MAIN_ARGS])
 
 
-def test_slurm_script_runs_one_process_per_node_and_requeues_on_preemption(capsys):
-  slurm = _load("slurm")
-  assert slurm.main(["--nodes", "4", "--gpus_per_node", "8", "--partition", "gpu",
-                     "--workdir", "/shared/run", "--venv", "/shared/venv", "--dry_run", "--",
-                     *MAIN_ARGS]) == 0
-  out = capsys.readouterr().out
-  for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
-               "#SBATCH --partition=gpu", "#SBATCH --requeue", "source /shared/venv/bin/activate",
-               'if [ "$status" -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi'):
-    assert line in out.splitlines(), line
-  assert "#SBATCH --signal=TERM@180" in out
-  srun = next(l for l in out.splitlines() if l.startswith("srun"))
-  assert srun.endswith("python -m rlhfjax.main " + shlex.join(MAIN_ARGS) + " --workdir=/shared/run")
-  assert out.strip().splitlines()[-1] == "sbatch logs/rlhfjax.sbatch"
+def _slurm(capsys, *flags, args=MAIN_ARGS):
+  """(script lines, the sbatch command) of a dry run."""
+  assert _load("slurm").main([*flags, "--workdir", "/shared/run", "--dry_run", "--", *args]) == 0
+  script, sbatch = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)
+  return script.splitlines(), sbatch
+
+
+def _sbatch(lines):
+  """The #SBATCH options: name -> value ('' for a switch)."""
+  return dict(l[len("#SBATCH --"):].partition("=")[::2] for l in lines
+              if l.startswith("#SBATCH --"))
+
+
+def _exports(lines):
+  return dict(l[len("export "):].split("=", 1) for l in lines if l.startswith("export "))
+
+
+def _srun(lines):
+  """(srun's options, the command every task runs)."""
+  srun = shlex.split(next(l for l in lines if l.startswith("srun ")))
+  cut = srun.index("python")
+  return srun[1:cut], srun[cut:]
+
+
+def test_slurm_script_runs_one_process_per_gpu_and_requeues_on_preemption(capsys):
+  lines, sbatch = _slurm(capsys, "--nodes", "2", "--gpus_per_node", "8", "--venv", "/shared/venv")
+  opts = _sbatch(lines)
+  assert {k: opts[k] for k in ("nodes", "ntasks-per-node", "gpus-per-node", "cpus-per-task",
+                               "signal")} == {"nodes": "2", "ntasks-per-node": "8",
+                                              "gpus-per-node": "8", "cpus-per-task": "8",
+                                              "signal": "TERM@180"}
+  assert opts["requeue"] == "" and "partition" not in opts
+  assert _exports(lines) == {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}  # JAX picks SLURM_LOCALID.
+  assert "unset XLA_CLIENT_MEM_FRACTION" in lines  # jaxlib refuses both names together.
+  srun_opts, command = _srun(lines)
+  assert set(srun_opts) == {"--kill-on-bad-exit=1", "--cpus-per-task=8", "--gpu-bind=none"}
+  assert command == ["python", "-m", "rlhfjax.main", *MAIN_ARGS,
+                     "--config.runtime.matmul_precision=auto",
+                     "--config.runtime.deterministic=true", "--workdir=/shared/run"]
+  srun_at = next(i for i, l in enumerate(lines) if l.startswith("srun "))
+  assert lines.index("source /shared/venv/bin/activate") < srun_at
+  assert max(i for i, l in enumerate(lines) if l.startswith(("export", "unset"))) < srun_at
+  status, comment, *tail = lines[srun_at + 1:]
+  assert status == "status=$?" and comment.startswith("# 75")
+  assert tail == ['if [ "$status" -eq 75 ]; then scontrol requeue "$SLURM_JOB_ID"; fi',
+                  'exit "$status"']
+  assert sbatch == "sbatch logs/rlhfjax.sbatch"
+
+
+def test_slurm_script_one_process_per_node_uses_all_its_gpus(capsys):
+  lines, _ = _slurm(capsys, "--nodes", "4", "--gpus_per_node", "4", "--process_per", "node",
+                    "--partition", "gpu", "--account", "lab", "--no_preallocate",
+                    "--nondeterministic", "--matmul_precision", "highest")
+  opts = _sbatch(lines)
+  assert (opts["ntasks-per-node"], opts["gpus-per-node"], opts["cpus-per-task"]) == ("1", "4", "16")
+  assert (opts["partition"], opts["account"]) == ("gpu", "lab")
+  # JAX's SLURM detection would give the one process of a node only GPU SLURM_LOCALID = 0.
+  assert _exports(lines) == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                             "JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}
+  srun_opts, command = _srun(lines)
+  assert "--cpus-per-task=16" in srun_opts and "--gpu-bind=none" in srun_opts
+  assert command[-3:] == ["--config.runtime.matmul_precision=highest",
+                          "--config.runtime.deterministic=false", "--workdir=/shared/run"]
+
+
+def test_slurm_refuses_runtime_settings_twice_and_a_bad_memory_fraction(capsys):
+  with pytest.raises(SystemExit):
+    _slurm(capsys, args=[*MAIN_ARGS, "--config.runtime.deterministic=false"])
+  assert "--nondeterministic" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    _slurm(capsys, "--mem_fraction", "1.5")
+  assert "--mem_fraction" in capsys.readouterr().err
+
+
+def test_slurm_precisions_are_the_runtime_ones():
+  from rlhfjax import runtime  # pylint: disable=g-import-not-at-top
+  assert _load("slurm").PRECISIONS == runtime.PRECISIONS
+
+
+@pytest.mark.parametrize("srun_status, requeued", [(0, False), (75, True), (1, False)])
+def test_slurm_script_requeues_exactly_on_status_75(capsys, tmp_path, srun_status, requeued):
+  """Runs the script under bash with stand-ins for srun and scontrol."""
+  lines, _ = _slurm(capsys, "--repo", str(tmp_path))
+  (tmp_path / "job.sbatch").write_text("\n".join(lines) + "\n")
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  for name, body in (("srun", f'echo "$XLA_PYTHON_CLIENT_MEM_FRACTION ${{XLA_CLIENT_MEM_FRACTION-}}'
+                              f' $*" > srun.log; exit {srun_status}'),
+                     ("scontrol", 'echo "$*" > scontrol.log')):
+    (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42",
+         "XLA_CLIENT_MEM_FRACTION": "0.5"}
+  proc = subprocess.run(["bash", str(tmp_path / "job.sbatch")], env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=30)
+  assert proc.returncode == srun_status, proc.stderr
+  srun = (tmp_path / "srun.log").read_text().split()  # Run in --repo, with the exported memory.
+  assert srun[0] == "0.9" and srun[1] == "--kill-on-bad-exit=1" and "rlhfjax.main" in srun
+  assert (tmp_path / "scontrol.log").exists() == requeued
+  if requeued:
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "42"]
+
+
+def _slurm_tasks(exports: dict[str, str], ntasks: int) -> list[list[str]]:
+  """What rlhfjax's distributed start-up and JAX make of each task of a job step with the script's
+  exports: [process index, process count, GPUs the process uses] per task (CPU, no GPU needed)."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  code = ("import jax; from rlhfjax.parallel import distributed; "
+          "assert distributed.initialize({'mode': 'auto', 'initialization_timeout': 60}); "
+          "print(jax.process_index(), jax.process_count(), "
+          "jax.config.read('jax_cuda_visible_devices'))")
+  procs = []
+  for i in range(ntasks):
+    env = {**os.environ, **exports, "JAX_PLATFORMS": "cpu", "SLURM_JOB_ID": "42",
+           "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": str(ntasks),
+           "SLURM_PROCID": str(i), "SLURM_LOCALID": str(i), "JAX_COORDINATOR_PORT": str(port)}
+    procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  outs = [p.communicate(timeout=120) for p in procs]
+  assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+  return [out.split() for out, _ in outs]
+
+
+@pytest.mark.parametrize("process_per, gpus", [("gpu", ["0", "1"]), ("node", ["0,1,2,3"] * 2)])
+def test_slurm_tasks_start_jax_distributed_on_their_gpus(capsys, process_per, gpus):
+  """The script's environment in a simulated 2-task job step on one host: rlhfjax's mode='auto'
+  starts jax.distributed from SLURM's variables, and each process gets the GPUs the mode says."""
+  lines, _ = _slurm(capsys, "--gpus_per_node", "4", "--process_per", process_per)
+  tasks = _slurm_tasks(_exports(lines), 2)
+  assert tasks == [[str(i), "2", gpus[i]] for i in range(2)]
