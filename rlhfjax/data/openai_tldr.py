@@ -22,10 +22,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import re
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
+from rlhfjax import files
 from rlhfjax.data import jsonl
 from rlhfjax.errors import DataError
 
@@ -208,8 +208,6 @@ def read_strict(path: str) -> list[TldrExample]:
 
 def write(path: str, examples: Iterable[TldrExample]) -> None:
   """Writes the `tldr` JSONL layout atomically: a temporary file renamed into place."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with files.atomic_open(path) as f:
     for e in examples:
       f.write(json.dumps(to_row(e), ensure_ascii=False) + "\n")
-  os.replace(tmp, path)

@@ -37,10 +37,10 @@ import calendar
 import dataclasses
 import datetime
 import json
-import os
 import re
 from typing import Callable, Iterable, Mapping
 
+from rlhfjax import files
 from rlhfjax.data import reddit
 from rlhfjax.errors import ConfigError, DataError
 
@@ -395,11 +395,9 @@ def from_dict(row: Mapping) -> Situation:
 
 def write(path: str, situations: Iterable[Situation]) -> None:
   """Writes situations as JSONL, atomically."""
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with files.atomic_open(path) as f:
     for s in situations:
       f.write(json.dumps(to_dict(s), ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
 
 
 def read(path: str) -> list[Situation]:

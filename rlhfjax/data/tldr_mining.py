@@ -52,6 +52,7 @@ from rouge_score import rouge_scorer
 from rouge_score import tokenize
 from rouge_score import tokenizers
 
+from rlhfjax import files as files_lib
 from rlhfjax.data import reddit
 from rlhfjax.data import world
 from rlhfjax.errors import DataError
@@ -137,9 +138,8 @@ def extract(record: dict, config: MiningConfig = MiningConfig()) -> tuple[dict |
 
 
 def _write_json(path: str, obj: dict) -> None:
-  with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+  with files_lib.atomic_open(path) as f:
     json.dump(obj, f, ensure_ascii=False, indent=1)
-  os.replace(f"{path}.tmp", path)
 
 
 def _finished(part: str, note: str, size: int, config: MiningConfig) -> dict | None:
@@ -206,11 +206,10 @@ def mine(paths: Sequence[str], out_path: str, config: MiningConfig = MiningConfi
     totals.update(summary["counts"])
     totals.update({k: summary[k]
                    for k in ("lines", "bad_count", "replaced_bytes", "replaced_lines")})
-  with open(f"{out_path}.tmp", "wb") as out:
+  with files_lib.atomic_open(out_path, "wb") as out:
     for name in names:
       with open(os.path.join(parts_dir, f"{name}.jsonl"), "rb") as f:
         shutil.copyfileobj(f, out)
-  os.replace(f"{out_path}.tmp", out_path)
   return {"files": files, "counts": dict(totals)}
 
 
@@ -282,11 +281,10 @@ def write_high_quality(in_path: str, out_path: str, threshold: float = HQ_THRESH
       counts["pairs"] += 1
       yield pair
 
-  with open(f"{out_path}.tmp", "w", encoding="utf-8") as f:
+  with files_lib.atomic_open(out_path) as f:
     for pair in high_quality(counted(read_pairs(in_path)), threshold):
       counts["kept"] += 1
       f.write(json.dumps(pair, ensure_ascii=False) + "\n")
-  os.replace(f"{out_path}.tmp", out_path)
   return {**counts, "dropped": counts["pairs"] - counts["kept"]}
 
 

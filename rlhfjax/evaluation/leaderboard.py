@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from rlhfjax import files
 from rlhfjax.data import gold
 from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
@@ -203,9 +204,8 @@ def plot(exp: experiment.Experiment, path: str) -> None:
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
-  tmp = f"{path}.tmp.png"
-  fig.savefig(tmp, dpi=120)
-  os.replace(tmp, path)
+  with files.atomic_open(path, "wb") as f:
+    fig.savefig(f, format="png", dpi=120)
 
 
 def run(config, workdir: str) -> list[dict[str, Any]]:
