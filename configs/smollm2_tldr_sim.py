@@ -28,8 +28,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = "runs/smollm2"
   # Everything about the architecture comes from the file; only these may be set here.
   dtype = "bfloat16" if "bf16" in options else "float32"
-  c.model = dict(init_from="smollm2", dtype=dtype, param_dtype=dtype, remat="remat" in options,
-                 dropout=0.0)
+  c.model = dict(init_from="smollm2", dtype=dtype, param_dtype=dtype,
+                 remat="full" if "remat" in options else "none", dropout=0.0)
   # SmolLM2's ChatML-framed TL;DR prompts of this world are 130 tokens on average (at most 156).
   c.format = dict(prompt_len=160, response_len=48, chat=True)
 

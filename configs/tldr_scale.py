@@ -28,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = f"runs/{name}"
   c.stages = "sft,label,rm,ppo,eval"
   c.model = dict(architectures.ARCHITECTURES[name], init_from="", head_dim=0, dropout=0.0,
-                 dtype="bfloat16", param_dtype="float32", remat=True, scan_layers=True,
+                 dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True,
                  attention="chunked", attention_chunk=512)
   c.format.update(prompt_len=1536, response_len=512)
   # FSDP over the whole slice; task=compile with --config.mesh.auto=True tries the other shapes.

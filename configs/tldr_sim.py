@@ -53,8 +53,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
                  n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=192, head_dim=0,
                  tie_embeddings=True, norm_eps=1e-5, rope_theta=10000.0, dropout=0.0,
-                 dtype="float32", param_dtype="float32", remat=False, scan_layers=False,
+                 dtype="float32", param_dtype="float32", remat="none", scan_layers=False,
                  attention="reference", attention_chunk=512)
+
+  # Rematerialisation of each trained model (roles as in `lora` below; with
+  # ppo.value_model='policy_trunk' the value head rides on the policy's): none | full (keep each
+  # layer's input, recompute the layer in the backward pass) | dots (keep the projection and MLP
+  # matmul outputs too, recompute the rest) | offload (those outputs in pinned host memory);
+  # '' takes model.remat. Memory and speed, not the math: a resumed run may switch it; task=memory
+  # shows what each costs.
+  c.remat = dict(sft="", rm="", policy="", value="")
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
   # Every training block's skip_nonfinite: 0 stops the run at the first non-finite loss or gradient

@@ -15,7 +15,9 @@ and compiled by XLA for that TPU. One row per step:
   less `compile.headroom`: fits or not;
 - the planner's estimate (`parallel/memory.py`) beside it;
 - model FLOPs counted analytically (`models/flops.py`; XLA's cost analysis sees one layer of the
-  scan), hardware FLOPs (plus rematerialisation), and a roofline time: the largest of FLOPs / peak,
+  scan), hardware FLOPs (plus what each trained model's remat policy recomputes: the whole
+  forward of its layers for "full", their attention score matmuls for "dots" and "offload";
+  `model.remat` and the `remat` block), and a roofline time: the largest of FLOPs / peak,
   HBM bytes / HBM bandwidth and ICI bytes / ICI bandwidth (estimates below), whence MFU
   (model FLOPs / (chips x peak x time)) and tokens/s;
 - compile seconds.
@@ -54,6 +56,7 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import flops
+from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -133,9 +136,17 @@ def _per_chip(tree: Any) -> int:
   return total
 
 
-def _remat(cfg: ModelConfig) -> float:
-  """Hardware FLOPs of a training pass per model FLOP: the backward recomputes the forward."""
-  return 4 / 3 if cfg.remat else 1.0
+def _recomputed(cfg: ModelConfig, batch: int, tokens: int) -> float:
+  """FLOPs the backward pass of one training pass over `batch` sequences of `tokens` recomputes
+  under `cfg.remat`: every layer's forward ("full"), only the attention score matmuls ("dots",
+  "offload": batched over heads, they are not among the saved matmul outputs; element-wise work
+  is not counted), nothing ("none"). The LM head lies outside the rematerialised layers."""
+  if cfg.remat == "none":
+    return 0.0
+  layers = flops.forward(cfg, batch, tokens, logit_tokens=0)
+  if cfg.remat == "full":
+    return layers
+  return layers - 2 * batch * tokens * cfg.n_layers * flops.layer_matmul_params(cfg)
 
 
 def steps(config: Any, cfg: ModelConfig, par: Parallel,
@@ -152,8 +163,8 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
   rm_params = reward_model.model_template(exp)
   out: list[Step] = []
 
-  def plan(batch: int, logit_tokens: int, tokens: int = seq) -> dict:
-    return memory.plan(cfg, par.mesh, batch, tokens, logit_tokens=logit_tokens)
+  def plan(batch: int, logit_tokens: int, tokens: int = seq, model: ModelConfig = cfg) -> dict:
+    return memory.plan(model, par.mesh, batch, tokens, logit_tokens=logit_tokens)
 
   if "sft" in names:
     c = config.sft
@@ -161,13 +172,14 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     tx = optimizer.adamw(c, c.steps)
     state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
                                 transformer.param_axes(cfg), tx, jax.random.key(0), abstract=True)
-    fn = par.jit(functools.partial(sft.train_step, cfg=cfg, tx=tx),
+    trained = exp.model_for("sft")
+    fn = par.jit(functools.partial(sft.train_step, cfg=trained, tx=tx),
                  (sh, par.batch, par.replicated), (sh, par.replicated), (0,))
     f = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
     out.append(Step("sft", fn, (state, _tokens(par, c.batch_size, {"prompt": p_len,
                                                                     "response": r_len}), key),
-                    f, f * _remat(cfg), c.batch_size * seq, {"policy": (3, True)},
-                    plan(c.batch_size, r_len)["train_step"]))
+                    f, f + _recomputed(trained, c.batch_size, seq), c.batch_size * seq,
+                    {"policy": (3, True)}, plan(c.batch_size, r_len, model=trained)["train_step"]))
   if "rm" in names:
     c = config.rm
     par.check_batch("rm.batch_size", c.batch_size)
@@ -175,12 +187,14 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     sh = par.state_shardings(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params),
                              jax.tree.map(lambda x: x.sharding, rm_params), tx)
     state = par.abstract(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params), sh)
-    fn = par.jit(functools.partial(reward_model.train_step, cfg=cfg, tx=tx), (sh, par.batch),
+    trained = exp.model_for("rm")
+    fn = par.jit(functools.partial(reward_model.train_step, cfg=trained, tx=tx), (sh, par.batch),
                  (sh, par.replicated), (0,))
     batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
     f = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=lm_rm)
-    out.append(Step("rm", fn, (state, batch), f, f * _remat(cfg), 2 * c.batch_size * seq,
-                    {"reward": (3, True)}, plan(2 * c.batch_size, lm_rm)["train_step"]))
+    out.append(Step("rm", fn, (state, batch), f, f + _recomputed(trained, 2 * c.batch_size, seq),
+                    2 * c.batch_size * seq, {"reward": (3, True)},
+                    plan(2 * c.batch_size, lm_rm, model=trained)["train_step"]))
   if "dpo" in names:
     c = config.dpo
     par.check_batch("dpo.batch_size", c.batch_size)
@@ -188,15 +202,17 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     policy_axes = transformer.param_axes(cfg)
     state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
                                 policy_axes, tx, jax.random.key(0), abstract=True)
-    fn = par.jit(functools.partial(dpo.train_step, cfg=cfg, c=c, tx=tx),
+    trained = exp.model_for("policy")
+    fn = par.jit(functools.partial(dpo.train_step, cfg=trained, c=c, tx=tx),
                  (sh, sh.params, par.batch), (sh, par.replicated), (0,))
     batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
     train = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
     ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
     out.append(Step("dpo", fn, (state, state.params, batch), train + ref,
-                    train * _remat(cfg) + ref, 2 * c.batch_size * seq,
-                    {"policy": (3, True), "reference": (1, False)},
-                    plan(2 * c.batch_size, r_len)["train_step"] + _per_chip(state.params)))
+                    train + ref + _recomputed(trained, 2 * c.batch_size, seq),
+                    2 * c.batch_size * seq, {"policy": (3, True), "reference": (1, False)},
+                    plan(2 * c.batch_size, r_len, model=trained)["train_step"]
+                    + _per_chip(state.params)))
 
   c = config.ppo
   ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
@@ -247,7 +263,9 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     out.append(Step("ppo_decode", fn, args, f, f, b, {"policy": (1, False)},
                     planned["params"] + planned["kv_cache"], resident))
   if "ppo_update" in ppo_names:
-    fn = par.jit(functools.partial(ppo.train_step, cfg=cfg, c=c, tx=tx, eos_id=2),
+    policy_cfg, value_cfg = exp.model_for("policy"), exp.model_for("value")
+    fn = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
+                                   value_cfg=value_cfg),
                  (sh, jax.tree.map(lambda x: x.sharding, ref),
                   jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
                  (sh, par.replicated), (0,))
@@ -262,15 +280,17 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     # Policy and value (one backbone with the trunk option) with their optimizer state, the frozen
     # models, and the larger of the experience's forward passes over the rollout and a
     # minibatch's training.
-    update, experience = plan(c.minibatch_size, r_len), plan(b, r_len)
+    update, experience = plan(c.minibatch_size, r_len, model=policy_cfg), plan(b, r_len)
     planned = ((1 if trunk else 2) * (update["train_step"] - update["activations"])
                + _per_chip((ref, reward))
                + max(update["activations"], experience["forward_step"] - experience["params"]))
     passes = {"policy": (2 + 3 * c.epochs, True), "reference": (1, False), "reward": (1, False)}
     if not trunk:
       passes["value"] = (1 + 3 * c.epochs, True)
-    out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f,
-                    f + (_remat(cfg) - 1) * train, b * seq * (1 + c.epochs), passes, planned))
+    recomputed = c.epochs * (_recomputed(policy_cfg, b, seq)
+                             + (0.0 if trunk else _recomputed(value_cfg, b, seq)))
+    out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f, f + recomputed,
+                    b * seq * (1 + c.epochs), passes, planned))
   if "best_of_n_score" in names:
     b = config.rm.eval_batch_size
     par.check_batch("rm.eval_batch_size", b)
@@ -428,9 +448,13 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
   else:
     best = _compile_all(config, cfg, _resolve_mesh(config, devices), devices, chip, headroom,
                         names)
+  par = Parallel(topology_mesh(devices, best["mesh"]))
+  exp = _experiment(config, cfg, par)
   return {"topology": topology, "chip": dataclasses.asdict(chip), "chips": len(devices),
           "model": dataclasses.asdict(cfg), "param_count": memory.param_bytes(
-              cfg, topology_mesh(devices, best["mesh"]))["count"],
+              cfg, par.mesh)["count"],
+          # The rematerialisation each trained model's step ran under (model.remat, `remat`).
+          "remat": {role: exp.model_for(role).remat for role in lora.MODELS},
           "mesh": best["mesh"], "fits": best["fits"], "rows": best["rows"],
           "candidates": candidates}
 
@@ -454,6 +478,7 @@ def format_report(report: dict) -> str:
   lines = [f"{report['topology']}: {report['chips']} x TPU {chip['name']} "
            f"({chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {gib(chip['hbm_bytes'])} GiB HBM "
            f"each), mesh {report['mesh']}, {report['param_count'] / 1e9:.3f}B parameters",
+           "remat: " + ", ".join(f"{role} {r}" for role, r in report["remat"].items()),
            "",
            "| step | args GiB | temp GiB | out GiB | resident GiB | per chip GiB | plan GiB | fits "
            "| model TFLOP | time ms | bound | MFU | tokens/s | compile s |",

@@ -1,4 +1,5 @@
-"""Attention kernels: chunked and splash against the reference, memory, and a TPU compile."""
+"""Attention kernels: chunked, splash, xla and auto against the reference, memory, cuDNN's
+arguments, and TPU lowering."""
 
 import os
 
@@ -9,6 +10,7 @@ for _key, _value in (("TPU_SKIP_MDS_QUERY", "1"), ("TPU_ACCELERATOR_TYPE", "v5li
   os.environ.setdefault(_key, _value)
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,7 @@ import pytest
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import attention
+from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 
@@ -53,8 +56,16 @@ def _value_and_grads(fn, q, k, v, *args, weight):
 def test_config_validation():
   with pytest.raises(ConfigError, match="model.attention"):
     LLAMA.replace(attention="flash")
+  for name in ("chunked", "splash", "xla", "auto"):
+    with pytest.raises(ConfigError, match="model.attention"):
+      LLAMA.replace(attention=name, dropout=0.1)
   with pytest.raises(ConfigError, match="model.attention"):
-    LLAMA.replace(attention="chunked", dropout=0.1)
+    LLAMA.replace(attention="cudnn", dtype="bfloat16", dropout=0.1)
+  with pytest.raises(ConfigError, match="model.dtype"):
+    LLAMA.replace(attention="cudnn")  # float32 activations.
+  with pytest.raises(ConfigError, match="head dims"):
+    LLAMA.replace(attention="cudnn", dtype="bfloat16", head_dim=12)
+  LLAMA.replace(attention="cudnn", dtype="float16")
   with pytest.raises(ConfigError, match="model.attention_chunk"):
     LLAMA.replace(attention="chunked", attention_chunk=0)
 
@@ -228,6 +239,191 @@ def test_splash_compiles_for_tpu():
   args = (par.abstract(shapes, param_shardings),
           jax.ShapeDtypeStruct((4, 256), jnp.int32, sharding=par.batch),
           jax.ShapeDtypeStruct((4, 256), jnp.bool_, sharding=par.batch))
-  with jax.set_mesh(mesh):
+  # A bfloat16 model runs at JAX's default precision (runtime.matmul_precision 'auto'); the test
+  # session's blanket 'highest' (conftest) would ask Mosaic for float32 bfloat16 matmuls.
+  with jax.set_mesh(mesh), jax.default_matmul_precision("default"):
     compiled = step.lower(*args).compile()
   assert compiled.as_text().count("tpu_custom_call") >= 3  # Forward, dq and dkv kernels.
+
+
+def test_resolve_names_the_kernel_auto_runs():
+  auto, bf16 = LLAMA.replace(attention="auto"), LLAMA.replace(attention="auto", dtype="bfloat16")
+  assert attention.resolve(auto, "tpu") == attention.resolve(bf16, "tpu") == "splash"
+  assert attention.resolve(bf16, "cuda") == attention.resolve(bf16, "gpu") == "cudnn"
+  assert attention.resolve(bf16.replace(dtype="float16"), "cuda") == "cudnn"
+  assert attention.resolve(auto, "cuda") == "chunked"  # float32 activations.
+  assert attention.resolve(bf16.replace(head_dim=12), "cuda") == "chunked"
+  assert attention.resolve(bf16.replace(head_dim=256), "cuda") == "chunked"  # Not on every GPU.
+  assert attention.resolve(auto, "cpu") == attention.resolve(bf16, "cpu") == "chunked"
+  for name in ("reference", "chunked", "splash", "xla"):
+    assert attention.resolve(LLAMA.replace(attention=name), "tpu") == name
+  assert attention.resolve(bf16.replace(attention="cudnn"), "cpu") == "cudnn"
+
+
+@pytest.mark.parametrize("kind,t", [("xla", 20), ("xla", 21), ("auto", 20)])
+def test_sdpa_and_auto_match_reference(kind, t):
+  """Causal self-attention through `attend` with GQA and left and right padding: outputs at real
+  queries and gradients as the reference's. xla at an odd T runs one padded position more; auto
+  on CPU is chunked (blocks of 8)."""
+  b = 3
+  q, k, v = _qkv(b, t, t, 4, 2, 8)
+  mask = _padded(b, t)
+  allowed = jnp.asarray(np.tril(np.ones((t, t), bool))[None] & mask[:, None])
+  weight = jnp.asarray(np.random.default_rng(1).normal(size=q.shape) * mask[:, :, None, None],
+                       jnp.float32)  # Padding queries' outputs are never read.
+  cfg = LLAMA.replace(attention=kind, attention_chunk=8)
+  ref = _value_and_grads(attention.reference, q, k, v, allowed, weight=weight)
+  got = _value_and_grads(lambda q, k, v, a: attention.attend(q, k, v, a, cfg, causal=True),
+                         q, k, v, allowed, weight=weight)
+  assert np.isfinite(got[0]).all()  # Left-padding queries see no key: finite all the same.
+  np.testing.assert_allclose(np.asarray(got[0])[mask], np.asarray(ref[0])[mask], atol=1e-5)
+  for a, b_ in zip(got[1], ref[1]):
+    np.testing.assert_allclose(a, b_, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["xla", "auto"])
+def test_sdpa_and_auto_models_match_reference(kind):
+  """The llama model (GQA) with padded rows: hidden states, loss and gradients."""
+  _compare_models(LLAMA, LLAMA.replace(attention=kind, attention_chunk=8), 20, grads=True)
+
+
+@pytest.mark.parametrize("kind", ["xla", "auto"])
+def test_shared_prompt_matches_reference(kind):
+  """Responses packed after their prompt (P + k R = 23 tokens: xla pads to 24, auto is chunked in
+  blocks of 4 across the prompt/response boundary) against each row run alone by the reference:
+  left-padded prompts, right-padded responses, an empty one."""
+  g, k, p, r = 2, 3, 8, 5
+  rng = np.random.default_rng(4)
+  prompt_mask = np.arange(p)[None] >= (p - np.array([8, 3]))[:, None]
+  prompt = rng.integers(3, 64, (g, p)) * prompt_mask
+  lengths = rng.integers(1, r + 1, g * k)
+  lengths[4] = 0
+  response_mask = np.arange(r)[None] < lengths[:, None]
+  response = rng.integers(3, 64, (g * k, r)) * response_mask
+  params = _params(LLAMA)
+  shared = jax.jit(transformer.forward_shared_prompt, static_argnums=5)(
+      params, jnp.asarray(prompt), jnp.asarray(prompt_mask), jnp.asarray(response),
+      jnp.asarray(response_mask), LLAMA.replace(attention=kind, attention_chunk=4))
+  tokens = np.concatenate([np.repeat(prompt, k, 0), response], 1)
+  mask = np.concatenate([np.repeat(prompt_mask, k, 0), response_mask], 1)
+  full = jax.jit(lambda p, t, m: transformer.forward(p, t, LLAMA, mask=m)[0])(params, tokens, mask)
+  real = mask[:, p - 1:]  # The prompt's last token (real), then the response.
+  np.testing.assert_allclose(np.asarray(shared)[real], np.asarray(full)[:, p - 1:][real],
+                             atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["xla", "auto"])
+def test_sdpa_and_auto_cached_paths_match_reference(kind):
+  """A prompt's forward through a KV cache (heads-major: the reference under xla, chunked blocks
+  of 8 under auto on CPU) and sampling (a prefill, then decode steps through the cache) give the
+  reference's hidden states, tokens and log-probs."""
+  cfg = LLAMA.replace(attention=kind, attention_chunk=8)
+  tokens = jnp.asarray(np.random.default_rng(3).integers(3, 64, (2, 20)), jnp.int32)
+  mask = jnp.asarray(_padded(2, 20))
+  params = _params(LLAMA)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def cached(cfg):
+    return transformer.forward(params, tokens, cfg, mask=mask,
+                               cache=transformer.init_cache(cfg, 2, 24))[0]
+
+  real = np.asarray(mask)
+  np.testing.assert_allclose(np.asarray(cached(cfg))[real], np.asarray(cached(LLAMA))[real],
+                             atol=1e-5)
+  scfg = sampling.SamplingConfig(max_new_tokens=5, eos_id=1, pad_id=0)
+  ref = sampling.sample(params, tokens, mask, jax.random.key(5), LLAMA, scfg)
+  got = sampling.sample(params, tokens, mask, jax.random.key(5), cfg, scfg)
+  np.testing.assert_array_equal(got.tokens, ref.tokens)
+  np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5)
+
+
+class _FakeCudnn:
+  """Stands in for jaxlib's cuDNN version query: JAX's cuDNN attention then traces (its shape,
+  dtype and layout checks included) on a host without CUDA. Only lowering needs the GPU."""
+
+  @staticmethod
+  def cudnn_get_version() -> int:
+    return 91000
+
+
+def _cudnn_primitives(fn, *args) -> set[str]:
+  """The cuDNN attention primitives in the jaxpr of `fn`'s gradient w.r.t. its first 3 args."""
+  grad = jax.grad(lambda *a: fn(*a).astype(jnp.float32).sum(), (0, 1, 2))
+  text = str(jax.make_jaxpr(grad)(*args))
+  return {p for p in ("dot_product_attention_fwd", "dot_product_attention_bwd") if p in text}
+
+
+def test_sdpa_arguments_are_what_cudnn_takes(monkeypatch):
+  """xla and cudnn get the whole mask as [B,1,T,S] (cuDNN's bias must span T x S) with
+  `is_causal` for a causal call, padded rows and packed rows alike, and scale 1/sqrt(Dh); an odd
+  length gains a position no query or key sees. JAX's cuDNN wrapper accepts them, backward pass
+  included (it checks shapes and even lengths when tracing)."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
+  b, t = 2, 20
+  q, k, v = _qkv(b, t, t, 4, 2, 8)
+  causal = np.tril(np.ones((t, t), bool))[None] & _padded(b, t)[:, None]
+  segments = np.repeat(np.arange(3), [8, 6, 6])  # A prompt, then two packed responses.
+  packed = causal & ((segments[None] == 0) | (segments[None] == segments[:, None]))[None]
+  for allowed in (causal, packed):
+    (q2, k2, v2), kwargs = attention.sdpa_arguments(q, k, v, jnp.asarray(allowed), causal=True)
+    assert kwargs.keys() == {"mask", "is_causal", "scale"}
+    assert kwargs["is_causal"] is True and kwargs["scale"] == pytest.approx(1 / math.sqrt(8))
+    assert kwargs["mask"].shape == (b, 1, t, t) and kwargs["mask"].dtype == jnp.bool_
+    np.testing.assert_array_equal(kwargs["mask"][:, 0], allowed)
+    for got, want in ((q2, q), (k2, k), (v2, v)):
+      np.testing.assert_array_equal(got, want)
+  _, kwargs = attention.sdpa_arguments(q, k, v, jnp.asarray(causal), causal=False)
+  assert kwargs["is_causal"] is False
+
+  odd = causal[:, :t - 1, :t - 1]
+  (q2, k2, _), kwargs = attention.sdpa_arguments(q[:, :-1], k[:, :-1], v[:, :-1], jnp.asarray(odd),
+                                                 causal=True)
+  assert q2.shape[1] == k2.shape[1] == t and kwargs["mask"].shape == (b, 1, t, t)
+  np.testing.assert_array_equal(kwargs["mask"][:, 0, :t - 1, :t - 1], odd)
+  assert not kwargs["mask"][:, 0, -1].any() and not kwargs["mask"][:, 0, :, -1].any()
+
+  monkeypatch.setattr(fused_attention_stablehlo, "cuda_versions", _FakeCudnn)
+  bf16 = [x[:, :-1].astype(jnp.bfloat16) for x in (q, k, v)]  # T = 19: padded to 20.
+  cudnn = lambda q, k, v: attention.sdpa(q, k, v, jnp.asarray(odd), causal=True,
+                                         implementation="cudnn")
+  assert _cudnn_primitives(cudnn, *bf16) == {"dot_product_attention_fwd",
+                                             "dot_product_attention_bwd"}
+
+
+def test_auto_traces_cudnn_only_with_cuda(monkeypatch):
+  """auto's CUDA branch, for bf16 activations, exists only in a process with a CUDA backend (this
+  one has none: it is faked here); lowered for the CPU, the branch is dropped and chunked runs."""
+  from jax._src.cudnn import fused_attention_stablehlo  # pylint: disable=g-import-not-at-top
+  b, t = 2, 20
+  q, k, v = (x.astype(jnp.bfloat16) for x in _qkv(b, t, t, 4, 2, 8))
+  allowed = jnp.asarray(np.tril(np.ones((t, t), bool))[None] & _padded(b, t)[:, None])
+  cfg = LLAMA.replace(attention="auto", dtype="bfloat16", attention_chunk=8)
+  fn = lambda q, k, v: attention.attend(q, k, v, allowed, cfg, causal=True)
+  assert not _cudnn_primitives(fn, q, k, v)
+  monkeypatch.setattr(fused_attention_stablehlo, "cuda_versions", _FakeCudnn)
+  monkeypatch.setattr(attention, "_has_cuda", lambda: True)
+  assert _cudnn_primitives(fn, q, k, v) == {"dot_product_attention_fwd",
+                                            "dot_product_attention_bwd"}
+  expected = jax.jit(lambda q, k, v: attention.chunked(q, k, v, allowed, 8, causal=True))(q, k, v)
+  np.testing.assert_array_equal(jax.jit(fn)(q, k, v), expected)
+
+
+def test_auto_lowers_to_splash_for_tpu():
+  """Lowered for a TPU (a v5e chip described on this host, as rlhfjax/compile.py does), auto is the
+  splash kernel, a TPU custom call; lowered for the CPU, it is not."""
+  pytest.importorskip("libtpu")
+  from jax.experimental import topologies
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  device = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices[0]
+  on_tpu = NamedSharding(Mesh(np.array([device]), ("x",)), PartitionSpec())
+  cfg = LLAMA.replace(attention="auto", dtype="bfloat16", max_len=256)
+  fn = jax.jit(lambda q, k, v, allowed: attention.attend(q, k, v, allowed, cfg, causal=True))
+
+  def lowered(sharding):
+    shapes = [((2, 256, 4, 8), jnp.bfloat16), ((2, 256, 2, 8), jnp.bfloat16),
+              ((2, 256, 2, 8), jnp.bfloat16), ((2, 256, 256), jnp.bool_)]
+    return fn.lower(*(jax.ShapeDtypeStruct(s, d, sharding=sharding) for s, d in shapes)).as_text()
+
+  assert "tpu_custom_call" in lowered(on_tpu)
+  assert "tpu_custom_call" not in lowered(None)

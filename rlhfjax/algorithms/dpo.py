@@ -97,7 +97,7 @@ def train(exp: experiment.Experiment) -> TrainState:
   steps = int(c.epochs * len(comps)) // c.batch_size
   if steps <= 0:
     raise ConfigError(f"dpo.batch_size ({c.batch_size}) exceeds dpo.epochs x {len(comps)} pairs")
-  cfg = dataclasses.replace(exp.model, dropout=0.0)
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
   par = exp.parallel
   par.check_batch("dpo.batch_size", c.batch_size)
@@ -113,7 +113,8 @@ def train(exp: experiment.Experiment) -> TrainState:
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   meta = {"model": dataclasses.asdict(exp.model), "files": reward_model.files_meta(exp, files),
-          "dpo": {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy")}
+          "dpo": {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy"),
+          **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_step(state, step):

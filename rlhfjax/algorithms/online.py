@@ -78,7 +78,7 @@ def meta(exp: experiment.Experiment, task: str) -> dict:
   """What determines an online run; resuming under other values is refused."""
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           task: {k: v for k, v in exp.config[task].items() if k not in _NOT_IN_META},
-          **exp.lora_meta("policy")}
+          **exp.lora_meta("policy"), **exp.remat_meta("policy")}
 
 
 def group(c: Any, k: int) -> int:
@@ -163,7 +163,9 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
   `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`. With LoRA on the policy,
   `ref` is None and the step takes the policy's base as the reference: one backbone for both."""
   c = exp.config[task]
-  cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
+  # Dropout off: log-probs must be exact. The step's forwards of the reference and reward model
+  # run without a backward pass, where the policy's rematerialisation changes nothing.
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel

@@ -141,17 +141,19 @@ def _values(value_params, batch: pipeline.Batch, cfg: ModelConfig) -> jax.Array:
   return _response_values(heads.values(value_params, tokens, mask, cfg), batch)
 
 
-def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig,
-                       temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig, temperature: float,
+                       value_cfg: ModelConfig | None = None
+                       ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Response log-probs, entropies and values, each [B, R] and 0 at padding.
 
-  With a separate value model, its own forward; with a `value_head`, the head reads the hidden
-  states of the policy's one forward pass, so values cost no second backbone pass.
+  With a separate value model, its own forward (under `value_cfg`, default `cfg`: the two may
+  differ in rematerialisation only); with a `value_head`, the head reads the hidden states of the
+  policy's one forward pass, so values cost no second backbone pass.
   """
   if "value_head" not in params:
     logp, entropy = policy.response_token_stats(params["policy"], batch, cfg,
                                                 temperature=temperature)
-    return logp, entropy, _values(params["value"], batch, cfg)
+    return logp, entropy, _values(params["value"], batch, value_cfg or cfg)
   hidden, _, last = policy.hidden_states(params["policy"], batch, cfg)
   logp, entropy = policy.token_stats(policy.distributions_from_hidden(
       params["policy"], hidden, last, cfg, temperature), batch)
@@ -187,15 +189,17 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
 
 
 def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cfg: ModelConfig,
-           c: Any, tx: optax.GradientTransformation) -> tuple[PPOState, dict[str, jax.Array]]:
-  """`c.epochs` passes of minibatch PPO over one rollout (online.minibatch_updates); the state's
-  `step` then counts this iteration once."""
+           c: Any, tx: optax.GradientTransformation,
+           value_cfg: ModelConfig | None = None) -> tuple[PPOState, dict[str, jax.Array]]:
+  """`c.epochs` passes of minibatch PPO over one rollout (online.minibatch_updates), the policy
+  under `cfg` and a separate value model under `value_cfg` (default `cfg`); the state's `step`
+  then counts this iteration once."""
 
   def loss_fn(params, mb):
     if c.whiten == "minibatch":  # Advantages do not depend on the parameters: no gradient here.
       mb = {**mb, "advantages": whiten(mb["advantages"], mb["response_mask"])}
     # With a value head on the policy trunk, the value loss's gradient reaches the trunk too.
-    logp, entropy, values = _policy_and_values(params, mb, cfg, c.temperature)
+    logp, entropy, values = _policy_and_values(params, mb, cfg, c.temperature, value_cfg)
     pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
     loss = pg_loss + c.vf_coef * vf_loss
     m = mb["response_mask"].astype(jnp.float32)
@@ -207,13 +211,16 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
 
 def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int) -> tuple[PPOState, dict[str, jax.Array]]:
+               eos_id: int,
+               value_cfg: ModelConfig | None = None) -> tuple[PPOState, dict[str, jax.Array]]:
   """Experience and update for one rollout batch, then the KL-controller update. `ref_params` None:
-  the reference is the LoRA policy with its adapters off."""
+  the reference is the LoRA policy with its adapters off. `cfg` is the policy's (the forward-only
+  experience runs under it too: rematerialisation changes nothing there), `value_cfg` a separate
+  value model's in the update (default `cfg`)."""
   ref_params = lora.reference(state.params["policy"], ref_params)
   rollout, stats = experience(state.params, ref_params, reward_params, batch, state.kl_coef,
                               cfg=cfg, c=c, eos_id=eos_id)
-  state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx)
+  state, update_stats = update(state, rollout, rng, cfg=cfg, c=c, tx=tx, value_cfg=value_cfg)
   if c.adaptive_kl:  # Not from a non-finite KL: a dropped update (skip_nonfinite) leaves it too.
     n = batch["response"].shape[0]
     kl_coef = adaptive_kl_coef(state.kl_coef, stats["objective/kl"], c.kl_target, c.kl_horizon, n)
@@ -283,18 +290,24 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict, *,
                   kl_coef=jnp.asarray(c.kl_coef, jnp.float32))
 
 
+def _roles(exp: experiment.Experiment) -> tuple[str, ...]:
+  """The models PPO trains (lora.MODELS): the policy, and a separate value model."""
+  return ("policy",) if exp.config.ppo.value_model == "policy_trunk" else ("policy", "value")
+
+
 def _meta(exp: experiment.Experiment) -> dict:
   skip = ("log_every", "eval_every", "eval_examples")
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "ppo": {k: v for k, v in exp.config.ppo.items() if k not in skip},
-          **exp.lora_meta("policy"), **exp.lora_meta("value")}
+          **exp.lora_meta("policy"), **exp.lora_meta("value"), **exp.remat_meta(*_roles(exp))}
 
 
 def train(exp: experiment.Experiment) -> PPOState:
   """Runs (or resumes) PPO in `<workdir>/ppo`."""
   c = exp.config.ppo
   check_config(c)
-  cfg = dataclasses.replace(exp.model, dropout=0.0)  # Dropout off: log-probs must be exact.
+  # Dropout off: log-probs must be exact.
+  cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0) for r in ("policy", "value"))
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
@@ -308,7 +321,8 @@ def train(exp: experiment.Experiment) -> PPOState:
   ref_params = (None if exp.lora.applies_to("policy")
                 else frozen(ref_params, c.frozen_dtype))
   reward_params = frozen(reward_params, c.frozen_dtype)
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id,
+                                      value_cfg=value_cfg),
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))

@@ -77,7 +77,7 @@ def run(config, workdir: str) -> Any:
   if c.num_bins < 2 or c.prompts_per_round < c.num_bins:
     raise ConfigError(f"quark.num_bins must be >= 2 and <= quark.prompts_per_round, got "
                       f"{c.num_bins} and {c.prompts_per_round}")
-  cfg = dataclasses.replace(exp.model, dropout=0.0)
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
   reward_params, _ = reward_model.load(exp)
   par = exp.parallel
@@ -97,7 +97,8 @@ def run(config, workdir: str) -> Any:
   task_dir = exp.task_dir("quark")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", 1, config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = {"model": dataclasses.asdict(exp.model), "quark": c.to_dict(), **exp.lora_meta("policy")}
+  meta = {"model": dataclasses.asdict(exp.model), "quark": c.to_dict(), **exp.lora_meta("policy"),
+          **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_round(state, r):

@@ -187,7 +187,7 @@ def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
     rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "rm": rm,
-          "files": files_meta(exp, files), **exp.lora_meta("rm")}
+          "files": files_meta(exp, files), **exp.lora_meta("rm"), **exp.remat_meta("rm")}
 
 
 def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
@@ -212,7 +212,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   axes = param_axes(exp)
   axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
   state, shardings = par.train_state(make, axes, tx, sft_params)
-  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx,
+  step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for("rm"), tx=tx,
                                       contrast_weight=c.contrast_weight),
                     (shardings, par.batch), (shardings, par.replicated), (0,))
   contrast_data = None
@@ -335,7 +335,7 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
       raise ConfigError(f"{model_dir} holds a reward model trained under another configuration "
                         f"({', '.join(refused)}); use a new --workdir or restore the old settings")
     metrics_lib.info(f"reward model already trained: {model_dir}" + (
-        f" (optimizer settings since changed: {', '.join(changed)})" if changed else ""))
+        f" (settings since changed: {', '.join(changed)})" if changed else ""))
     return params, stored
   train_comps = load_comparisons(files["train"], c.layout)
   sft_params = sft.load_policy(exp)

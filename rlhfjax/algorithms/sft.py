@@ -83,7 +83,7 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   else:  # A new buffer on the mesh: the trained tree never aliases `init_params`.
     make, args = (lambda p: TrainState.create(adapt(p), tx)), (init_params,)
   state, shardings = par.train_state(make, param_axes(exp, task), tx, *args)
-  step_fn = par.jit(functools.partial(train_step, cfg=exp.model, tx=tx),
+  step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for(kind), tx=tx),
                     (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
 
@@ -99,7 +99,8 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
           "data": config.data.to_dict(),
           task: {k: v for k, v in c.items()
-                 if k not in ("log_every", "eval_every", "eval_batches")}, **exp.lora_meta(kind)}
+                 if k not in ("log_every", "eval_every", "eval_batches")},
+          **exp.lora_meta(kind), **exp.remat_meta(kind)}
   state = loop.restore_if_any(ckpt, state, meta)
   tokens_per_step = c.batch_size * (plen + rlen)
 

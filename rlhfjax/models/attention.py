@@ -13,7 +13,26 @@ each query sees. The result is [B,T,H,Dh] in q's dtype; the output projection st
     traffic at long T. Plain XLA: runs anywhere.
   "splash": the Pallas TPU splash-attention kernel (flash attention: no score matrix in memory at
     all, and causally masked blocks skipped). TPU only.
-A KV-cache step (`heads_major`) never uses splash: its queries sit at an offset in the cache.
+  "xla": `jax.nn.dot_product_attention(implementation="xla")`: like the reference, the whole
+    float32 score matrix at once, and no block skipped. Runs anywhere; it is there to run, on any
+    host, exactly the arguments "cudnn" gets (`sdpa_arguments`).
+  "cudnn": the same call with `implementation="cudnn"`: cuDNN's flash attention, no score matrix
+    in memory and the blocks above the diagonal skipped, but `allowed` read as a [B,1,T,S] additive
+    bias in the compute dtype (and a bias gradient of that shape written, unused, in the backward
+    pass). CUDA GPUs only, bf16 or fp16 activations, Dh a multiple of 8 (at most 128 before Hopper,
+    256 from it).
+  "auto": per platform, chosen when the step is lowered (`resolve` names the choice): splash on
+    TPU, cudnn on a CUDA GPU for bf16/fp16 activations and Dh a multiple of 8 up to 128, chunked
+    elsewhere.
+A KV-cache step (`heads_major`: its queries sit at an offset in the cache) runs the reference under
+splash, xla and cudnn (so under auto on TPU and GPU; on a CPU auto is chunked there too). Packed
+samples after a shared prompt (`packed`) go through chunked under splash; xla and cudnn take their
+whole mask (it is causal too, so `is_causal` holds). An odd length gains one masked position for
+xla and cudnn (see `sdpa_arguments`).
+
+Padding (left-padded prompts, right-padded responses): `allowed` hides padding keys from every
+query. A padding query sees no key at all (left padding) or, under splash, only padding: its output
+is a finite average of values that differs between kernels, and is never read.
 """
 
 from __future__ import annotations
@@ -21,6 +40,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.extend.backend
 import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_lib
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
@@ -31,6 +51,10 @@ from rlhfjax.parallel import rules
 
 _NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
 _SPLASH_BLOCKS = (512, 256, 128)  # Tile sizes tried, largest first (multiples of 128 lanes).
+# What "auto" sends to cuDNN: the activation dtypes it takes, and head dims every GPU it runs on
+# takes (Ampere's limit; Hopper takes up to 256).
+_CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
+_CUDNN_MAX_HEAD_DIM = 128
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig, *,
@@ -40,12 +64,83 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: Mo
   `causal` promises that `allowed` never lets query t see a key after position t (T == S);
   `packed`, that it also hides some earlier real keys (samples packed after a shared prompt),
   which splash's causal-and-padding mask cannot express: chunked attention runs those."""
-  if cfg.attention == "chunked" or (cfg.attention == "splash" and packed):
+  if cfg.attention != "auto":
+    return _run(cfg.attention, q, k, v, allowed, cfg, heads_major=heads_major, causal=causal,
+                packed=packed, rng=rng)
+
+  def on(platform):  # The branch for one platform: the kernel `resolve` names there.
+    return lambda q, k, v, allowed: _run(resolve(cfg, platform), q, k, v, allowed, cfg,
+                                         heads_major=heads_major, causal=causal, packed=packed)
+
+  # Every branch is traced, only the lowering platform's is compiled. Tracing cuDNN's needs a CUDA
+  # backend in this process, where JAX finds cuDNN; a TPU step lowered on any host gets splash.
+  cuda = {"cuda": on("cuda")} if _has_cuda() and resolve(cfg, "cuda") != "chunked" else {}
+  return jax.lax.platform_dependent(q, k, v, allowed, tpu=on("tpu"), default=on("cpu"), **cuda)
+
+
+def resolve(cfg: ModelConfig, platform: str) -> str:
+  """The kernel `cfg.attention` means on `platform` (a JAX platform name: "cpu", "cuda" or a
+  device's "gpu", "tpu"): itself, but for "auto" splash on TPU, cudnn on a CUDA GPU when the
+  activations are bf16/fp16 and the head dim one that every cuDNN GPU takes, chunked otherwise."""
+  if cfg.attention != "auto":
+    return cfg.attention
+  if platform == "tpu":
+    return "splash"
+  dh = cfg.dim_per_head
+  if (platform in ("cuda", "gpu") and jnp.dtype(cfg.dtype) in _CUDNN_DTYPES and dh % 8 == 0
+      and dh <= _CUDNN_MAX_HEAD_DIM):
+    return "cudnn"
+  return "chunked"
+
+
+def _has_cuda() -> bool:
+  """Whether this process has a CUDA backend. JAX's cuDNN attention checks for cuDNN when it is
+  traced, whatever platform it is then lowered for, and the CUDA plugin is what brings cuDNN; the
+  backends a process has (`jax.extend.backend.backends()`, by platform name) say so, untraced."""
+  return "cuda" in jax.extend.backend.backends()
+
+
+def _run(kernel: str, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+         cfg: ModelConfig, *, heads_major: bool, causal: bool, packed: bool,
+         rng: jax.Array | None = None) -> jax.Array:
+  """`attend` by the concrete `kernel` (any of config.ATTENTION but "auto")."""
+  if kernel == "chunked" or (kernel == "splash" and packed):
     return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major, causal=causal)
-  if cfg.attention == "splash" and not heads_major:
+  if kernel == "reference" or heads_major:
+    return reference(q, k, v, allowed, heads_major=heads_major, dropout=cfg.dropout, rng=rng)
+  if kernel == "splash":
     # Uncached self-attention: `allowed` is causal AND key-is-real, so its last row is the key mask.
     return splash(q, k, v, allowed[:, -1, :])
-  return reference(q, k, v, allowed, heads_major=heads_major, dropout=cfg.dropout, rng=rng)
+  return sdpa(q, k, v, allowed, causal=causal, implementation=kernel)
+
+
+def sdpa_arguments(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
+                   causal: bool) -> tuple[tuple[jax.Array, jax.Array, jax.Array], dict]:
+  """The positional and keyword arguments "xla" and "cudnn" both give
+  `jax.nn.dot_product_attention`, so that "xla" runs, on any host, what cuDNN gets.
+
+  q [B,T,H,Dh] and k, v [B,S,KV,Dh] are already its query and key layouts (BTNH, BSKH; query head
+  n uses kv head n // (H/KV), as here). The mask is all of `allowed`, as [B,1,T,S]: cuDNN turns a
+  boolean mask into an additive bias (0, or a large finite negative) and takes a bias that spans
+  T x S, broadcast over heads only (and batch), so this is the smallest it accepts; it covers left
+  and right padding and the packed layout alike. A query that sees no key gets a finite average.
+  `is_causal` (allowed: `allowed` is causal) lets cuDNN skip the blocks above the diagonal. An odd
+  T or S gets one more position, a query that sees nothing and a key that nothing sees (cuDNN's
+  backward with a bias needs even lengths); `sdpa` drops the extra query's output.
+  """
+  pad_t, pad_s = q.shape[1] % 2, k.shape[1] % 2
+  q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
+  k, v = (jnp.pad(x.astype(q.dtype), ((0, 0), (0, pad_s), (0, 0), (0, 0))) for x in (k, v))
+  mask = jnp.pad(allowed, ((0, 0), (0, pad_t), (0, pad_s)))[:, None]
+  return (q, k, v), {"mask": mask, "is_causal": causal, "scale": 1 / math.sqrt(q.shape[-1])}
+
+
+def sdpa(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, causal: bool,
+         implementation: str) -> jax.Array:
+  """`jax.nn.dot_product_attention` by `implementation` ("xla" or "cudnn") on `sdpa_arguments`."""
+  args, kwargs = sdpa_arguments(q, k, v, allowed, causal=causal)
+  out = jax.nn.dot_product_attention(*args, **kwargs, implementation=implementation)
+  return out[:, :q.shape[1]]
 
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,

@@ -8,7 +8,11 @@ from typing import Any, Mapping
 from rlhfjax.errors import ConfigError
 
 VARIANTS = ("gpt2", "llama")
-ATTENTION = ("reference", "chunked", "splash")
+# Rematerialisation in the backward pass (models/transformer.py `checkpointed`): keep every
+# activation, recompute each layer from its input, keep the outputs of the projection and MLP
+# matmuls, or offload those to pinned host memory.
+REMAT = ("none", "full", "dots", "offload")
+ATTENTION = ("reference", "chunked", "splash", "xla", "cudnn", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +50,17 @@ class ModelConfig:
   # Run the layers as one `lax.scan` (compile time independent of depth) or unrolled (XLA's cost
   # analysis then counts every layer; rlhfjax/compile.py uses it to count a step's work).
   scan_layers: bool = True
-  remat: bool = False
-  attention: str = "reference"  # Attention kernel: one of ATTENTION (see models/attention.py).
+  # One of REMAT; True and False (as older configs say) mean "full" and "none".
+  remat: str = "none"
+  # Attention kernel: one of ATTENTION; "auto" picks one per platform (see models/attention.py).
+  attention: str = "reference"
   attention_chunk: int = 512  # Queries per block of attention="chunked".
 
   def __post_init__(self):
+    if str(self.remat).lower() in ("true", "false"):  # A bool, or one from the command line.
+      object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
+    if self.remat not in REMAT:
+      raise ConfigError(f"model.remat must be one of {REMAT} (or a bool), got {self.remat!r}")
     if self.variant not in VARIANTS:
       raise ConfigError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
     if self.n_heads % self.n_kv_heads:
@@ -64,6 +74,12 @@ class ModelConfig:
     if self.attention != "reference" and self.dropout > 0:
       raise ConfigError(f"model.attention={self.attention!r} has no attention dropout: use "
                         f"model.attention='reference' with model.dropout={self.dropout}")
+    if self.attention == "cudnn" and self.dtype not in ("bfloat16", "float16"):
+      raise ConfigError(f"model.attention='cudnn' takes bfloat16 or float16 activations, got "
+                        f"model.dtype={self.dtype!r}")
+    if self.attention == "cudnn" and (self.dim_per_head % 8 or self.dim_per_head > 256):
+      raise ConfigError(f"model.attention='cudnn' takes head dims that are multiples of 8 up to "
+                        f"256, got {self.dim_per_head}")
     if self.attention_chunk < 1:
       raise ConfigError(f"model.attention_chunk must be positive, got {self.attention_chunk}")
     if self.qkv_bias and self.variant != "llama":

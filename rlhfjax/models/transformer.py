@@ -22,11 +22,12 @@ are real; positions count real tokens only, so a left-padded prompt starts at po
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from rlhfjax.errors import ConfigError
 from rlhfjax.models import attention
 from rlhfjax.models import lora
 from rlhfjax.models.config import ModelConfig
@@ -350,8 +351,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
                      r[2])
     return rules.constrain(x, ACTIVATION_AXES), kv
 
-  if cfg.remat:
-    block = jax.checkpoint(block)
+  block = checkpointed(block, cfg)
   layer_rngs = None if rngs is None else rngs[:-1]
   if cache is None and cfg.scan_layers:
     def layer(x, inputs):
@@ -371,6 +371,30 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
   if cache is None:
     return x, None, jax.tree.map(lambda *a: jnp.stack(a), *kvs) if keep_kv else None
   return x, {"k": [k for k, _ in kvs], "v": [v for _, v in kvs], "mask": key_mask}, None
+
+
+def checkpointed(block: Callable, cfg: ModelConfig) -> Callable:
+  """`block` (one layer) under the rematerialisation policy `cfg.remat`.
+
+  "none": the backward pass reads every activation the forward kept. "full": only the layer's
+  input is kept and the whole layer recomputed. "dots": the outputs of matmuls without batch
+  dimensions are kept too (q, k, v and output projections, the MLP's), so only element-wise work
+  and the attention score matmuls (batched over heads) are recomputed. "offload": the same matmul
+  outputs go to pinned host memory and come back for the backward pass. Without a backward pass
+  the policy changes nothing: the forward compiles to the same program.
+  """
+  if cfg.remat == "none":
+    return block
+  if cfg.remat == "full":
+    return jax.checkpoint(block)
+  if cfg.remat == "dots":
+    return jax.checkpoint(block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+  kinds = {m.kind for m in jax.devices()[0].addressable_memories()}
+  if not {"device", "pinned_host"} <= kinds:
+    raise ConfigError(f"model.remat='offload' needs device and pinned_host memories; "
+                      f"{jax.default_backend()} has {sorted(kinds)}: use 'dots' or 'full'")
+  return jax.checkpoint(block, policy=jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+      "device", "pinned_host"))
 
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:

@@ -3,12 +3,12 @@
 `plan(cfg, mesh, batch, seq_len)` counts exactly what the sharding rules put on one device —
 parameters, AdamW's two moments (in the parameters' dtype, as optax keeps them) — and estimates
 what XLA adds for a step (see `plan`): gradients, the weights cast to the compute dtype, the
-activations kept for the backward pass (with `model.remat` each layer's input plus one layer's
-working set, attention scores only for the queries the attention kernel takes at once) and the
-logits where the step takes them; and for sampling, the KV cache. Parameters and optimizer bytes
-are exact; the whole was within 15% of XLA's per-chip bytes for 34 of 40 steps of Llama
-1B/8B/70B compiled for v5e, v5p and v6e slices, within 19% for all but one (docs/tpu.md says
-which and why).
+activations kept for the backward pass (as `model.remat` says: every layer's activations, its
+input, or its input and matmul outputs; plus one layer's working set, attention scores only for the
+queries the attention kernel takes at once) and the logits where the step takes them; and for
+sampling, the KV cache. Parameters and optimizer bytes are exact; the whole was within 15% of
+XLA's per-chip bytes for 34 of 40 steps of Llama 1B/8B/70B compiled for v5e, v5p and v6e slices
+(full remat), within 19% for all but one (docs/tpu.md says which and why).
 `xla_step_bytes` asks the compiler what it actually allocates, so the two can be compared
 (`task=memory` prints both; `task=compile` beside every step).
 """
@@ -26,7 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rlhfjax.models import attention
 from rlhfjax.models import transformer
+from rlhfjax.models.config import REMAT
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rules
 from rlhfjax.training import optimizer
@@ -67,11 +69,11 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   What a training step's temporaries hold, as XLA's buffer assignment for the layer-scanned,
   rematerialised model on TPU shows them: the gradients twice (the result and the layer scan's
   accumulators); every weight cast to the compute dtype once (XLA hoists the cast out of the
-  scan) when it differs from the parameters'; each layer's input with remat (twice without fsdp:
-  the scan's stacked output and its copy), or every layer's activations without remat; one
-  layer's working set (about 1.35x the matmul outputs counted below, plus the attention scores of
-  the queries the kernel takes at once); and the logits once in the compute dtype. The constants
-  were fitted to compiles of Llama-3.2-1B, 3.1-8B and 3.1-70B on v5p slices (docs/tpu.md).
+  scan) when it differs from the parameters'; what each layer keeps for the backward pass under
+  `cfg.remat` (see `kept_per_layer`); one layer's working set (about 1.35x the matmul outputs
+  counted below, plus the attention scores of the queries the kernel takes at once); and the
+  logits once in the compute dtype. The constants were fitted to compiles of Llama-3.2-1B,
+  3.1-8B and 3.1-70B on v5p slices (docs/tpu.md).
   """
   p = param_bytes(cfg, mesh)
   dp = math.prod(mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
@@ -82,14 +84,16 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (rules.py).
   tokens = b_local * seq_len
   # Attention's float32 scores and probabilities (and their gradient) for the queries computed at
-  # once: all of them (reference), a block (chunked), none outside the kernel's on-chip blocks.
-  queries = {"reference": seq_len, "chunked": min(cfg.attention_chunk, seq_len), "splash": 0}
-  scores = b_local * local(h) * queries[cfg.attention] * seq_len * (act + 8)
+  # once: all of them (reference, xla), a block (chunked), none outside the kernel's on-chip blocks
+  # (splash, cudnn), by the kernel the config runs on the mesh's platform (TPU for task=compile).
+  queries = {"reference": seq_len, "xla": seq_len, "chunked": min(cfg.attention_chunk, seq_len),
+             "splash": 0, "cudnn": 0}[attention.resolve(cfg, mesh.devices.flat[0].platform)]
+  scores = b_local * local(h) * queries * seq_len * (act + 8)
   matmul_outputs = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
                              + 3 * local(f)) * act
   copies = 2 if fsdp == 1 else 1  # Under fsdp the stacked layer inputs are not copied again.
-  layers = (copies * cfg.n_layers * tokens * d * act if cfg.remat
-            else cfg.n_layers * (matmul_outputs + scores))
+  kept, host = kept_per_layer(cfg, tokens, matmul_outputs + scores, local, copies)
+  layers = cfg.n_layers * kept
   logits = b_local * (seq_len if logit_tokens is None else logit_tokens) * local(cfg.vocab_size)
   param_size = jnp.dtype(cfg.param_dtype).itemsize
   cast = 0 if act == param_size else p["per_device"] * act // param_size
@@ -100,10 +104,55 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
          # optax keeps AdamW's two moments in the parameters' dtype.
          "optimizer": 2 * p["per_device"], "gradients": 2 * p["per_device"],
          "activations": int(cast + layers + 1.35 * matmul_outputs + scores + logits * act),
-         "kv_cache": int(kv_cache)}
+         "kv_cache": int(kv_cache), "offloaded": int(cfg.n_layers * host)}
   out["train_step"] = out["params"] + out["optimizer"] + out["gradients"] + out["activations"]
   out["forward_step"] = out["params"] + int(matmul_outputs + scores + logits * act)
   return out
+
+
+def kept_per_layer(cfg: ModelConfig, tokens: int, activations: float, local: Callable[[int], int],
+                   copies: int) -> tuple[float, float]:
+  """Bytes one layer keeps on the device for the backward pass under `cfg.remat`, and those it
+  keeps in host memory, for `tokens` tokens whose activations take `activations` bytes.
+
+  "none": all its activations. "full": its input (`copies` times: the layer scan's stacked output
+  and, without fsdp, its copy). "dots": its input and the matmul outputs the backward pass reads
+  (models/transformer.py `checkpointed`): q, k, v, the output projection's and the MLP's input
+  projections' (the last MLP matmul's output is not read). "offload": what "full" keeps; the
+  matmul outputs of "dots" wait in host memory.
+  """
+  act = jnp.dtype(cfg.dtype).itemsize
+  dh, mlp_in = cfg.dim_per_head, 2 if cfg.variant == "llama" else 1
+  layer_input = copies * tokens * cfg.d_model * act
+  dots = tokens * ((local(cfg.n_heads) + 2 * local(cfg.n_kv_heads)) * dh + cfg.d_model
+                   + mlp_in * local(cfg.d_ff)) * act
+  return {"none": (activations, 0.0), "full": (layer_input, 0.0),
+          "dots": (layer_input + dots, 0.0), "offload": (layer_input, dots)}[cfg.remat]
+
+
+def remat_costs(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int,
+                logit_tokens: int | None) -> dict[str, dict[str, int]]:
+  """`plan`'s activations (and host bytes) per device of one training step under each remat
+  policy, so a config can see what each costs."""
+  out = {}
+  for remat in REMAT:
+    p = plan(cfg.replace(remat=remat), mesh, batch, seq_len, logit_tokens=logit_tokens)
+    out[remat] = {"activations": p["activations"], "offloaded": p["offloaded"]}
+  return out
+
+
+def format_remat(rows: dict[str, dict]) -> str:
+  """A markdown table of each trained model's activations under every remat policy, MiB per
+  device (offload: plus what waits in host memory)."""
+  lines = ["| model (step) | remat | " + " | ".join(REMAT) + " |",
+           "|---|---|" + "---:|" * len(REMAT)]
+  mib = lambda n: f"{n / 2**20:.2f}"
+  for name, r in rows.items():
+    cells = [mib(r["costs"][k]["activations"]) + (
+        f" (+{mib(r['costs'][k]['offloaded'])} host)" if r["costs"][k]["offloaded"] else "")
+             for k in REMAT]
+    lines.append(f"| {name} | {r['remat']} | " + " | ".join(cells) + " |")
+  return "\n".join(lines) + "\n\n(activation MiB per device)"
 
 
 def xla_step_bytes(lowered: Any) -> dict:
@@ -182,8 +231,10 @@ def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
            for k, n in (("prompt", p_len), ("prompt_mask", p_len), ("response", r_len),
                         ("response_mask", r_len))}
   shardings = jax.tree.map(lambda x: x.sharding, state)
-  step = par.jit(functools.partial(ppo.train_step, cfg=dataclasses.replace(cfg, dropout=0.0), c=c,
-                                   tx=tx, eos_id=2),
+  policy_cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0)
+                           for r in ("policy", "value"))
+  step = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
+                                   value_cfg=value_cfg),
                  (shardings, None if ref is None else shardings.params["policy"],
                   jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
                  (shardings, par.replicated), (0,))
@@ -213,7 +264,8 @@ def format_ppo_held(rows: dict[str, dict]) -> str:
 
 def run(config: Any, workdir: str) -> dict:
   """task=memory: the plan for this config's model and mesh (SFT step, RM step, PPO rollout) beside
-  what XLA allocates for the SFT step; writes `<workdir>/memory.json`."""
+  what XLA allocates for the SFT step, each trained model's activations under every remat policy;
+  writes `<workdir>/memory.json`."""
   from rlhfjax.parallel.sharding import Parallel  # pylint: disable=g-import-not-at-top
   from rlhfjax.training import experiment  # pylint: disable=g-import-not-at-top
   from rlhfjax.training import metrics  # pylint: disable=g-import-not-at-top
@@ -221,16 +273,30 @@ def run(config: Any, workdir: str) -> dict:
   par = Parallel.from_config(config.mesh)
   seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len
   rm_logits = r_len if config.rm.likelihood_weight else 0
-  plans = {"sft step": plan(cfg, par.mesh, config.sft.batch_size, seq, logit_tokens=r_len),
-           "rm step": plan(cfg, par.mesh, 2 * config.rm.batch_size, seq, logit_tokens=rm_logits),
-           "ppo rollout": plan(cfg, par.mesh, config.ppo.minibatch_size, seq,
+  exp = experiment.Experiment(config, "", {}, None, cfg, par)
+  # Each trained model's step: (step, batch, logit tokens); PPO's minibatch for the policy and a
+  # value model of its own.
+  trained = {"sft": ("sft step", config.sft.batch_size, r_len),
+             "rm": ("rm step", 2 * config.rm.batch_size, rm_logits),
+             "policy": ("ppo update", config.ppo.minibatch_size, r_len)}
+  if config.ppo.value_model == "separate":
+    trained["value"] = ("ppo update", config.ppo.minibatch_size, 0)
+  remat_rows = {f"{role} ({step})": {"remat": exp.model_for(role).remat,
+                                     "costs": remat_costs(cfg, par.mesh, b, seq, logits)}
+                for role, (step, b, logits) in trained.items()}
+  plans = {"sft step": plan(exp.model_for("sft"), par.mesh, config.sft.batch_size, seq,
+                            logit_tokens=r_len),
+           "rm step": plan(exp.model_for("rm"), par.mesh, 2 * config.rm.batch_size, seq,
+                           logit_tokens=rm_logits),
+           "ppo rollout": plan(exp.model_for("policy"), par.mesh, config.ppo.minibatch_size, seq,
                                config.ppo.rollout_batch, logit_tokens=r_len)}
-  xla = xla_step_bytes(sft_step_lowered(cfg, par, config.sft, seq))
+  xla = xla_step_bytes(sft_step_lowered(exp.model_for("sft"), par, config.sft, seq))
   sft_plan = plans["sft step"]
   rank = config.lora.rank if config.get("lora") and config.lora.rank else 8
   ppo_rows = {"full": ppo_held(config, par, cfg, 0),
               f"LoRA r={rank}": ppo_held(config, par, cfg, rank)}
-  report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla, "ppo": ppo_rows}
+  report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla, "ppo": ppo_rows,
+            "remat": remat_rows}
   metrics.info(f"mesh {dict(par.mesh.shape)}, {sft_plan['param_count'] / 1e6:.1f}M parameters "
                f"({sft_plan['params_total'] / 2**20:.1f} MiB in all)\n" + format_plan(plans) +
                f"\n\nXLA, SFT step per device: arguments {xla['arguments'] / 2**20:.2f} MiB (plan: "
@@ -238,7 +304,9 @@ def run(config: Any, workdir: str) -> dict:
                f"(plan: gradients + activations "
                f"{(sft_plan['gradients'] + sft_plan['activations']) / 2**20:.2f} MiB)\n\n"
                "What a PPO run holds, full fine-tuning against LoRA on the policy and value "
-               "model (the reference is then the policy's own base):\n" + format_ppo_held(ppo_rows))
+               "model (the reference is then the policy's own base):\n" + format_ppo_held(ppo_rows)
+               + "\n\nRematerialisation (model.remat, the remat block): each trained model's "
+               "activations under every policy:\n" + format_remat(remat_rows))
   os.makedirs(workdir, exist_ok=True)
   experiment.write_json(os.path.join(workdir, "memory.json"), report)
   return report

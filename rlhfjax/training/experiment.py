@@ -21,6 +21,7 @@ from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
+from rlhfjax.models.config import REMAT
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import Parallel
 
@@ -45,6 +46,19 @@ class Experiment:
     """What the optimizer of `models` (of lora.MODELS) may move: `lora.trainable` when one of them
     takes adapters, else None (everything)."""
     return lora.trainable if any(self.lora.applies_to(m) for m in models) else None
+
+  def model_for(self, role: str) -> ModelConfig:
+    """`model` as the train step of `role` (of lora.MODELS) runs it: with the rematerialisation
+    policy of config block `remat` for that role ('' or no block: `model.remat`). Sampling,
+    scoring and reference forwards have no backward pass, where the policy changes nothing."""
+    if role not in lora.MODELS:
+      raise ValueError(f"unknown model role {role!r}; the roles are {lora.MODELS}")
+    return self.model.replace(remat=remat_policies(self.config).get(role) or self.model.remat)
+
+  def remat_meta(self, *roles: str) -> dict:
+    """The rematerialisation policy of each of `roles` (the models a run trains) for its meta: a
+    resumed run may switch them (loop.MAY_CHANGE_ON_RESUME), and says so."""
+    return {"remat": {role: self.model_for(role).remat for role in roles}}
 
   def lora_meta(self, model: str) -> dict:
     """The adapter settings of `model` for a run's meta (resuming under others is refused)."""
@@ -78,6 +92,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   if model.vocab_size < tok.vocab_size:  # Larger is fine: rows no token uses (padded vocabularies).
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
+  remat_policies(config)  # A bad `remat` block is named before any work.
   needed = config.format.prompt_len + config.format.response_len
   if model.variant == "gpt2" and model.max_len < needed:
     raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "
@@ -85,6 +100,20 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
   return Experiment(config, workdir, splits, tok, model, Parallel.from_config(config.mesh),
                     init_from, lora.from_config(config.get("lora")))
+
+
+def remat_policies(config: ml_collections.ConfigDict) -> dict[str, str]:
+  """The `remat` block's policy per model role ('' entries left out), naming a bad role or value
+  as `remat.<role>`."""
+  out = {}
+  for role, value in (config.get("remat") or {}).items():
+    if role not in lora.MODELS:
+      raise ConfigError(f"remat.{role}: unknown model role; the roles are {', '.join(lora.MODELS)}")
+    if value not in ("",) + REMAT:
+      raise ConfigError(f"remat.{role} must be '' (model.remat) or one of {REMAT}, got {value!r}")
+    if value:
+      out[role] = value
+  return out
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -14,9 +14,10 @@ produced. A non-finite value raises `Diverged` naming the step, the metric and t
 checkpoint, unless the optimizer dropped that update (`skip_nonfinite` > 0: up to that many in a
 row): then one line says so and the count goes to the metrics as `train/skipped_updates`.
 
-Resuming under another configuration is refused, except for the optimizer settings in
-`MAY_CHANGE_ON_RESUME` (so a run that diverged can go on from its last good checkpoint with a lower
-learning rate or with skipping on); a change there is logged.
+Resuming under another configuration is refused, except for the settings in
+`MAY_CHANGE_ON_RESUME`: the optimizer's (so a run that diverged can go on from its last good
+checkpoint with a lower learning rate or with skipping on) and rematerialisation (`model.remat`, the
+`remat` block: memory and speed, not the math); a change there is logged.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
 
-# Optimizer settings a resumed run may change: they leave the train state's layout as it is.
-MAY_CHANGE_ON_RESUME = ("lr", "warmup_steps", "end_lr_frac", "weight_decay", "skip_nonfinite")
+# Settings a resumed run may change: they leave the train state's layout as it is. A block of that
+# name (the `remat` block of Experiment.remat_meta) may change as a whole.
+MAY_CHANGE_ON_RESUME = ("lr", "warmup_steps", "end_lr_frac", "weight_decay", "skip_nonfinite",
+                        "remat")
 
 
 def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None = None) -> Any:
@@ -70,26 +73,35 @@ def _check_meta(ckpt: checkpoint.Checkpointer, stored: dict, meta: dict) -> None
   if refused:
     raise ConfigError(f"{ckpt.directory} holds a run with another configuration "
                       f"({', '.join(refused)}); use a new --workdir or restore the old settings")
-  if changed:
+  remat = [c for c in changed if "remat" in c.split(":")[0].split(".")]
+  optim = [c for c in changed if c not in remat]
+  if optim:
     metrics_lib.info(f"resuming {ckpt.directory} with changed optimizer settings: "
-                     f"{', '.join(changed)}")
+                     f"{', '.join(optim)}")
+  if remat:
+    metrics_lib.info(f"resuming {ckpt.directory} with another rematerialisation policy: "
+                     f"{', '.join(remat)}")
 
 
 def meta_differences(stored: dict, meta: dict) -> tuple[list[str], list[str]]:
   """(allowed, refused) differences between a run's stored and present settings, as
-  `block.key: old -> new`: the optimizer settings of `MAY_CHANGE_ON_RESUME` may differ, nothing
-  else; a block the stored meta lacks is not compared."""
+  `block.key: old -> new`: the settings of `MAY_CHANGE_ON_RESUME` may differ, nothing else; a
+  block the stored meta lacks is not compared."""
   changed, refused = [], []
   for key, value in meta.items():
     if key not in stored or stored[key] == value:
       continue
+    whole = key in MAY_CHANGE_ON_RESUME  # A block that may change as a whole.
     if not isinstance(value, dict) or not isinstance(stored[key], dict):
-      refused.append(key)
+      if whole:
+        changed.append(f"{key}: {stored[key]!r} -> {value!r}")
+      else:
+        refused.append(key)
       continue
     for k in sorted(set(value) | set(stored[key])):
       old, new = stored[key].get(k), value.get(k)
       if old != new:
-        may = k in MAY_CHANGE_ON_RESUME and k in stored[key] and k in value
+        may = whole or (k in MAY_CHANGE_ON_RESUME and k in stored[key] and k in value)
         (changed if may else refused).append(f"{key}.{k}: {old!r} -> {new!r}")
   return changed, refused
 
