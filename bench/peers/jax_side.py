@@ -84,12 +84,18 @@ def forward_flops(cfg: ModelConfig, tokens: int, keys: float) -> float:
   return tokens * (2 * matmul_params(cfg) + 4 * cfg.n_layers * cfg.d_model * keys)
 
 
-def left_padded_prompts(rng: np.random.Generator, n: int, cfg: ModelConfig):
-  prompts = rng.integers(4, cfg.vocab_size, (n, PROMPT), dtype=np.int32)
-  lengths = rng.integers(PROMPT // 4, PROMPT + 1, n)
-  mask = np.arange(PROMPT)[None, :] >= (PROMPT - lengths)[:, None]
+def left_padded(rng: np.random.Generator, n: int, length: int, min_length: int,
+                vocab: int) -> tuple[np.ndarray, np.ndarray]:
+  """`n` random prompts of real length in [min_length, length], left-padded with 0: (ids, mask)."""
+  prompts = rng.integers(4, vocab, (n, length), dtype=np.int32)
+  lengths = rng.integers(min_length, length + 1, n)
+  mask = np.arange(length)[None, :] >= (length - lengths)[:, None]
   prompts[~mask] = 0
   return prompts, mask
+
+
+def left_padded_prompts(rng: np.random.Generator, n: int, cfg: ModelConfig):
+  return left_padded(rng, n, PROMPT, PROMPT // 4, cfg.vocab_size)
 
 
 def work_sample(cfg: ModelConfig, repeats: int, new: int) -> dict:

@@ -33,8 +33,9 @@ UNITS = {"sample": ("tokens_per_s", "new tok/s"), "prefill": ("prompt_tokens_per
 
 
 def run_side(python: str, script: str, work: str, repeats: int, threads: int,
-             extra: list[str]) -> dict:
-  """One work in a fresh process; its JSON report."""
+             extra: list[str], strict: bool = True) -> dict:
+  """One work in a fresh process; its JSON report. A failure ends the run, or with `strict`
+  False is reported as {"error": the end of its stderr}."""
   env = {**os.environ, **MALLOC, "PEER_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
   with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
     out = f.name
@@ -42,6 +43,9 @@ def run_side(python: str, script: str, work: str, repeats: int, threads: int,
          "--json", out, *extra]
   proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
   if proc.returncode:
+    os.unlink(out)
+    if not strict:
+      return {"error": proc.stderr[-3000:], "returncode": proc.returncode}
     raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
   with open(out, encoding="utf-8") as f:
     result = json.load(f)

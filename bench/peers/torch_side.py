@@ -87,10 +87,10 @@ def gpt2_config(shapes: Shapes) -> transformers.GPT2Config:
       tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=PAD)
 
 
-def left_padded(rng: np.random.Generator, batch: int, length: int,
-                min_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(rng: np.random.Generator, batch: int, length: int, min_len: int,
+                vocab: int = 2000) -> tuple[torch.Tensor, torch.Tensor]:
   """Random prompts, real length in [min_len, length], padded on the left: (ids, mask) [batch, length]."""
-  ids = torch.from_numpy(rng.integers(4, 2000, (batch, length))).long()
+  ids = torch.from_numpy(rng.integers(4, vocab, (batch, length))).long()
   real = rng.integers(min_len, length + 1, batch)
   mask = torch.from_numpy(np.arange(length)[None, :] >= (length - real)[:, None]).long()
   return ids * mask + PAD * (1 - mask), mask
@@ -101,12 +101,12 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 class Scalar(torch.nn.Module):
-  """GPT2Model backbone + Linear(n_embd, 1): per-token values, or one score read at `index`."""
+  """A decoder backbone + Linear(width, 1): per-token values, or one score read at `index`."""
 
-  def __init__(self, config: transformers.GPT2Config):
+  def __init__(self, backbone: torch.nn.Module, width: int):
     super().__init__()
-    self.backbone = transformers.GPT2Model(config)
-    self.head = torch.nn.Linear(config.n_embd, 1)
+    self.backbone = backbone
+    self.head = torch.nn.Linear(width, 1)
 
   def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     h = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
@@ -114,7 +114,11 @@ class Scalar(torch.nn.Module):
 
   def at(self, ids: torch.Tensor, mask: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     h = self.backbone(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).last_hidden_state
-    return self.head(h[torch.arange(h.shape[0]), index]).squeeze(-1)  # [B]
+    return self.head(h[torch.arange(h.shape[0], device=h.device), index]).squeeze(-1)  # [B]
+
+
+def gpt2_scalar(config: transformers.GPT2Config) -> Scalar:
+  return Scalar(transformers.GPT2Model(config), config.n_embd)
 
 
 def generate_work(shapes: Shapes, new: int) -> tuple[Callable[[], None], dict]:
@@ -147,7 +151,7 @@ def prefill_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
 def rm_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
   """One Bradley-Terry step on `rm_pairs` pairs (chosen and rejected in one forward)."""
   config = gpt2_config(shapes)
-  model = Scalar(config).train()
+  model = gpt2_scalar(config).train()
   opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
   rng = np.random.default_rng(0)
   n, length = 2 * shapes.rm_pairs, shapes.rm_len
@@ -168,27 +172,74 @@ def rm_work(shapes: Shapes) -> tuple[Callable[[], None], dict]:
                 "rate_name": "tokens/s", "rate_numerator": n * length}
 
 
-def response_logprobs(policy: transformers.GPT2LMHeadModel, ids: torch.Tensor, mask: torch.Tensor,
+def response_logprobs(policy: transformers.PreTrainedModel, ids: torch.Tensor, mask: torch.Tensor,
                       resp_len: int) -> torch.Tensor:
-  """log p(response token t) from the logits at positions P-1 .. P+R-2: [B, R]."""
+  """log p(response token t) from the logits at positions P-1 .. P+R-2, in float32: [B, R]."""
   logits = policy(input_ids=ids, attention_mask=mask, position_ids=positions(mask),
                   logits_to_keep=resp_len + 1).logits[:, :-1]
-  return torch.gather(F.log_softmax(logits, -1), 2, ids[:, -resp_len:, None]).squeeze(-1)
+  return torch.gather(F.log_softmax(logits.float(), -1), 2, ids[:, -resp_len:, None]).squeeze(-1)
 
 
 def whiten(x: torch.Tensor) -> torch.Tensor:
   return (x - x.mean()) * torch.rsqrt(x.var() + 1e-8)
 
 
-def ppo_work(shapes: Shapes, epochs: int = 4, kl_coef: float = 0.05, gamma: float = 1.0,
-             lam: float = 0.95, cliprange: float = 0.2, cliprange_value: float = 0.2,
-             vf_coef: float = 0.1) -> tuple[Callable[[], None], dict]:
+def response_values(value: Scalar, ids: torch.Tensor, mask: torch.Tensor,
+                    resp_len: int) -> torch.Tensor:
+  """The value of the state before each response token: [B, R]."""
+  return value(ids, mask)[:, -resp_len - 1:-1]
+
+
+def ppo_experience(policy: transformers.PreTrainedModel, ref: transformers.PreTrainedModel,
+                   value: Scalar, reward: Scalar, ids: torch.Tensor, mask: torch.Tensor,
+                   resp_len: int, kl_coef: float = 0.05, gamma: float = 1.0,
+                   lam: float = 0.95) -> dict[str, torch.Tensor]:
+  """Steps (a) and (b) of the `ppo` work: no-grad log-probs, values and score, then per-token KL
+  rewards, GAE, returns and whitened advantages, each [B, R]."""
+  with torch.no_grad():
+    logp = response_logprobs(policy, ids, mask, resp_len)
+    ref_logp = response_logprobs(ref, ids, mask, resp_len)
+    values = response_values(value, ids, mask, resp_len)
+    last_token = torch.full((ids.shape[0],), ids.shape[1] - 1, device=ids.device)
+    score = reward.at(ids, mask, last_token)
+    rewards = -kl_coef * (logp - ref_logp)
+    rewards[:, -1] += score
+    last, advs = torch.zeros_like(score), []
+    for t in reversed(range(resp_len)):
+      next_v = values[:, t + 1] if t + 1 < resp_len else torch.zeros_like(score)
+      last = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last
+      advs.append(last)
+    advantages = torch.stack(advs[::-1], 1)
+    return {"logp": logp, "values": values, "returns": advantages + values,
+            "advantages": whiten(advantages)}
+
+
+def ppo_minibatch_step(policy: transformers.PreTrainedModel, value: Scalar,
+                       opt: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                       ids: torch.Tensor, mask: torch.Tensor, resp_len: int,
+                       exp: dict[str, torch.Tensor], cliprange: float = 0.2,
+                       cliprange_value: float = 0.2, vf_coef: float = 0.1) -> None:
+  """Step (c) of the `ppo` work on one minibatch (the rows of `ids` and `exp` given): clipped
+  surrogate + vf_coef x clipped value loss, backward, clip_grad_norm 1.0, one AdamW step."""
+  adv, old_values, returns = exp["advantages"], exp["values"], exp["returns"]
+  ratio = torch.exp(response_logprobs(policy, ids, mask, resp_len) - exp["logp"])
+  pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cliprange, 1 + cliprange)).mean()
+  vpred = response_values(value, ids, mask, resp_len)
+  vclipped = old_values + (vpred - old_values).clamp(-cliprange_value, cliprange_value)
+  vf_loss = 0.5 * torch.max((vpred - returns) ** 2, (vclipped - returns) ** 2).mean()
+  (pg_loss + vf_coef * vf_loss).backward()
+  torch.nn.utils.clip_grad_norm_(params, 1.0)
+  opt.step()
+  opt.zero_grad()
+
+
+def ppo_work(shapes: Shapes, epochs: int = 4) -> tuple[Callable[[], None], dict]:
   """One PPO update (experience + `epochs` full-batch steps) on `episodes` fixed episodes."""
   config = gpt2_config(shapes)
   policy = transformers.GPT2LMHeadModel(config).train()
   ref = copy.deepcopy(policy).eval().requires_grad_(False)
-  value = Scalar(config).train()
-  reward = Scalar(config).eval().requires_grad_(False)
+  value = gpt2_scalar(config).train()
+  reward = gpt2_scalar(config).eval().requires_grad_(False)
   params = [*policy.parameters(), *value.parameters()]
   opt = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
   rng = np.random.default_rng(0)
@@ -197,41 +248,14 @@ def ppo_work(shapes: Shapes, epochs: int = 4, kl_coef: float = 0.05, gamma: floa
   ids = torch.cat([prompt, torch.from_numpy(rng.integers(4, 2000, (shapes.episodes, R))).long()], 1)
   mask = torch.cat([pmask, torch.ones(shapes.episodes, R, dtype=torch.long)], 1)
 
-  def values_of(m: Scalar) -> torch.Tensor:
-    return m(ids, mask)[:, -R - 1:-1]  # value of the state before each response token
-
   def call() -> None:
-    with torch.no_grad():  # (a) experience
-      logp = response_logprobs(policy, ids, mask, R)
-      ref_logp = response_logprobs(ref, ids, mask, R)
-      values = values_of(value)
-      score = reward.at(ids, mask, torch.full((shapes.episodes,), ids.shape[1] - 1))
-      rewards = -kl_coef * (logp - ref_logp)  # (b) rewards, GAE, whitening
-      rewards[:, -1] += score
-      last, advs = torch.zeros_like(score), []
-      for t in reversed(range(R)):
-        next_v = values[:, t + 1] if t + 1 < R else torch.zeros_like(score)
-        last = rewards[:, t] + gamma * next_v - values[:, t] + gamma * lam * last
-        advs.append(last)
-      advantages = torch.stack(advs[::-1], 1)
-      returns = advantages + values
-      advantages = whiten(advantages)
-    for _ in range(epochs):  # (c) one minibatch of all episodes per epoch
-      ratio = torch.exp(response_logprobs(policy, ids, mask, R) - logp)
-      pg_loss = torch.max(-advantages * ratio,
-                          -advantages * ratio.clamp(1 - cliprange, 1 + cliprange)).mean()
-      vpred = values_of(value)
-      vclipped = values + (vpred - values).clamp(-cliprange_value, cliprange_value)
-      vf_loss = 0.5 * torch.max((vpred - returns) ** 2, (vclipped - returns) ** 2).mean()
-      (pg_loss + vf_coef * vf_loss).backward()
-      torch.nn.utils.clip_grad_norm_(params, 1.0)
-      opt.step()
-      opt.zero_grad()
+    exp = ppo_experience(policy, ref, value, reward, ids, mask, R)
+    for _ in range(epochs):  # One minibatch of all episodes per epoch.
+      ppo_minibatch_step(policy, value, opt, params, ids, mask, R, exp)
 
   return call, {"episodes": shapes.episodes, "prompt_len": shapes.prompt, "response_len": R,
                 "epochs": epochs, "attn_implementation": config._attn_implementation,
                 "rate_name": "episodes/s", "rate_numerator": shapes.episodes}
-
 
 def word_tokenizer(vocab: int) -> transformers.PreTrainedTokenizerFast:
   """A whitespace word-level tokenizer over the ids 0..vocab-1 written "t<id>" (no download): a
@@ -245,26 +269,26 @@ def word_tokenizer(vocab: int) -> transformers.PreTrainedTokenizerFast:
                                                eos_token="t1", unk_token="t3", padding_side="left")
 
 
-def rloo_work(shapes: Shapes, prompts: int = 16, k: int = 2, epochs: int = 2,
-              minibatch: int = 16, repeats: int = 3) -> tuple[None, dict]:
-  """TRL's RLOOTrainer: `repeats` + 1 iterations, each sampling k completions of exactly `new`
-  tokens for `prompts` left-padded prompts with `generate`, scoring them with a GPT-2 reward model
-  (GPT2ForSequenceClassification), then `epochs` passes (TRL's `num_iterations`) of minibatches of
-  `minibatch`. Its own `RLOOConfig` settings otherwise (beta 0.05, AdamW). The first iteration is
-  the untimed warm-up; each later one is timed from its first optimizer step to the next
-  iteration's (generation included)."""
+def trl_rloo(policy: transformers.PreTrainedModel, reward: transformers.PreTrainedModel,
+             ids: torch.Tensor, mask: torch.Tensor, new: int, k: int = 2, epochs: int = 2,
+             minibatch: int = 16, repeats: int = 3) -> dict:
+  """TRL's RLOOTrainer on `policy` against `reward` (a sequence classifier with 1 label):
+  `repeats` + 1 iterations, each sampling k completions of exactly `new` tokens for the
+  left-padded prompts `ids` with `generate`, scoring them, then `epochs` passes (TRL's
+  `num_iterations`) of minibatches of `minibatch`; its own `RLOOConfig` settings otherwise (beta
+  0.05, AdamW), on CUDA when there is one and in bfloat16 when the models are. The first
+  iteration is the untimed warm-up; each later one is timed from its first optimizer step to the
+  next iteration's (generation included). Returns those times and TRL's version."""
   import datasets  # pylint: disable=g-import-not-at-top
   import trl  # pylint: disable=g-import-not-at-top
-  config = gpt2_config(shapes)
-  tokenizer = word_tokenizer(config.vocab_size)
+  tokenizer = word_tokenizer(policy.config.vocab_size)
   # TRL builds the reference from the policy's path: both models go through a local directory.
   workdir = tempfile.mkdtemp()
-  policy, reward = os.path.join(workdir, "policy"), os.path.join(workdir, "reward")
-  transformers.GPT2LMHeadModel(config).save_pretrained(policy)
-  transformers.GPT2ForSequenceClassification(
-      transformers.GPT2Config(**{**config.to_dict(), "num_labels": 1})).save_pretrained(reward)
-  ids, mask = left_padded(np.random.default_rng(0), prompts, shapes.prompt, shapes.min_prompt)
+  policy_dir, reward_dir = os.path.join(workdir, "policy"), os.path.join(workdir, "reward")
+  policy.save_pretrained(policy_dir)
+  reward.save_pretrained(reward_dir)
   texts = [" ".join(f"t{i}" for i in row[m.bool()].tolist()) for row, m in zip(ids, mask)]
+  prompts = len(texts)
   steps_per_iteration = epochs * (prompts * k // minibatch)
   stamps: list[float] = []
 
@@ -279,21 +303,34 @@ def rloo_work(shapes: Shapes, prompts: int = 16, k: int = 2, epochs: int = 2,
   args = trl.RLOOConfig(
       output_dir=os.path.join(workdir, "out"), per_device_train_batch_size=minibatch,
       steps_per_generation=prompts * k // minibatch, num_generations=k, num_iterations=epochs,
-      max_completion_length=shapes.new, temperature=1.0, top_k=0, top_p=1.0,
-      generation_kwargs={"min_new_tokens": shapes.new}, beta=0.05, learning_rate=1e-5,
+      max_completion_length=new, temperature=1.0, top_k=0, top_p=1.0,
+      generation_kwargs={"min_new_tokens": new}, beta=0.05, learning_rate=1e-5,
       max_steps=(repeats + 1) * steps_per_iteration, logging_steps=1_000_000, save_strategy="no",
-      report_to=[], use_cpu=True, bf16=False, gradient_checkpointing=False,  # As rlhfjax: no remat.
+      report_to=[], use_cpu=not torch.cuda.is_available(), bf16=policy.dtype == torch.bfloat16,
+      gradient_checkpointing=False,  # As rlhfjax: no remat.
       seed=0, shuffle_dataset=False,
       dataloader_num_workers=0)
   dataset = datasets.Dataset.from_dict({"prompt": texts * (repeats + 2)})
-  trainer = trl.RLOOTrainer(model=policy, reward_funcs=reward, args=args, train_dataset=dataset,
-                            processing_class=tokenizer, reward_processing_classes=tokenizer,
-                            callbacks=[Clock()])
+  trainer = trl.RLOOTrainer(model=policy_dir, reward_funcs=reward_dir, args=args,
+                            train_dataset=dataset, processing_class=tokenizer,
+                            reward_processing_classes=tokenizer, callbacks=[Clock()])
   trainer.train()
-  times = list(np.diff(stamps))[1:]  # Iteration 0 warms up.
-  return None, {"times": times, "episodes": prompts * k, "prompts": prompts, "k": k,
-                "epochs": epochs, "prompt_len": shapes.prompt, "response_len": shapes.new,
-                "trl": trl.__version__, "attn_implementation": config._attn_implementation,
+  return {"times": list(np.diff(stamps))[1:], "trl": trl.__version__}  # Iteration 0 warms up.
+
+
+def rloo_work(shapes: Shapes, prompts: int = 16, k: int = 2, epochs: int = 2,
+              minibatch: int = 16, repeats: int = 3) -> tuple[None, dict]:
+  """`trl_rloo` with a GPT-2 policy and reward model (GPT2ForSequenceClassification) on `prompts`
+  left-padded prompts."""
+  config = gpt2_config(shapes)
+  policy = transformers.GPT2LMHeadModel(config)
+  reward = transformers.GPT2ForSequenceClassification(
+      transformers.GPT2Config(**{**config.to_dict(), "num_labels": 1}))
+  ids, mask = left_padded(np.random.default_rng(0), prompts, shapes.prompt, shapes.min_prompt)
+  info = trl_rloo(policy, reward, ids, mask, shapes.new, k, epochs, minibatch, repeats)
+  return None, {**info, "episodes": prompts * k, "prompts": prompts, "k": k, "epochs": epochs,
+                "prompt_len": shapes.prompt, "response_len": shapes.new,
+                "attn_implementation": config._attn_implementation,
                 "rate_name": "episodes/s", "rate_numerator": prompts * k}
 
 
