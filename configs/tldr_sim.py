@@ -60,8 +60,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # ppo.value_model='policy_trunk' the value head rides on the policy's): none | full (keep each
   # layer's input, recompute the layer in the backward pass) | dots (keep the projection and MLP
   # matmul outputs too, recompute the rest) | offload (those outputs in pinned host memory);
-  # '' takes model.remat. Memory and speed, not the math: a resumed run may switch it; task=memory
-  # shows what each costs.
+  # '' takes model.remat. Memory and speed; results equal up to rounding (a recomputed forward may
+  # round differently), so a resumed run may switch it (then not bit-identical to an uninterrupted
+  # one); task=memory shows what each costs.
   c.remat = dict(sft="", rm="", policy="", value="")
 
   # Supervised fine-tuning on the reference summaries (loss on summary tokens only).

@@ -67,9 +67,14 @@ def environment(ns: argparse.Namespace) -> list[str]:
 
 
 def runtime_overrides(ns: argparse.Namespace) -> list[str]:
-  """rlhfjax.main's `runtime` settings for this job (applied before its backend starts)."""
-  return [f"--config.runtime.matmul_precision={ns.matmul_precision}",
-          f"--config.runtime.deterministic={str(not ns.nondeterministic).lower()}"]
+  """The launcher flags that override the config's `runtime` block (applied by rlhfjax.main before
+  its backend starts); without them the config's own settings hold."""
+  out = []
+  if ns.matmul_precision:
+    out.append(f"--config.runtime.matmul_precision={ns.matmul_precision}")
+  if ns.nondeterministic:
+    out.append("--config.runtime.deterministic=false")
+  return out
 
 
 def srun(ns: argparse.Namespace, args: list[str]) -> list[str]:
@@ -114,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="share of each GPU's memory JAX preallocates")
   parser.add_argument("--no_preallocate", action="store_true",
                       help="allocate GPU memory as needed instead of preallocating")
-  parser.add_argument("--matmul_precision", choices=PRECISIONS, default="auto",
-                      help="runtime.matmul_precision (auto: highest for float32 models, JAX's "
-                           "default for bfloat16 ones)")
+  parser.add_argument("--matmul_precision", choices=PRECISIONS, default=None,
+                      help="overrides the config's runtime.matmul_precision (its default, auto: "
+                           "highest for float32 models, JAX's default for bfloat16 ones)")
   parser.add_argument("--nondeterministic", action="store_true",
-                      help="runtime.deterministic=false: XLA may pick non-deterministic (faster) "
+                      help="overrides the config's runtime.deterministic with false: XLA may pick non-deterministic (faster) "
                            "GPU kernels; a resumed run then differs from an uninterrupted one")
   parser.add_argument("--time", default="24:00:00")
   parser.add_argument("--grace", type=int, default=180, help="seconds of SIGTERM warning")

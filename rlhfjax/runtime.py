@@ -51,6 +51,7 @@ def apply(block: Mapping[str, Any] | None, model_dtype: str) -> dict[str, str]:
 
   Called once the backend has started (a notebook that computed before), the flag can no longer
   reach XLA: on a GPU that is a ConfigError saying how to set it; elsewhere the flag means nothing.
+  Both settings stay for the rest of the process (XLA's flags cannot be taken back once read).
   """
   block = {**DEFAULTS, **dict(block or {})}
   unknown = sorted(set(block) - set(DEFAULTS))
@@ -68,5 +69,7 @@ def apply(block: Mapping[str, Any] | None, model_dtype: str) -> dict[str, str]:
           "runtime.deterministic=True: JAX's GPU backend started before rlhfjax could set "
           f"{DETERMINISTIC_FLAG}; export XLA_FLAGS={DETERMINISTIC_FLAG} before starting Python "
           "(or run rlhfjax before computing anything), or set runtime.deterministic=False")
+  # Whether XLA runs deterministic GPU ops: the flag may also come from the user's XLA_FLAGS or an
+  # earlier run in this process (XLA reads it once), whatever this block asks.
   return {"matmul_precision": precision,
-          "deterministic": str(deterministic and DETERMINISTIC_FLAG in _flags()).lower()}
+          "deterministic": str(DETERMINISTIC_FLAG in _flags()).lower()}

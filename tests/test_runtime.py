@@ -87,6 +87,9 @@ def test_a_started_gpu_backend_without_the_flag_is_an_error(restore, monkeypatch
   with pytest.raises(ConfigError, match="export XLA_FLAGS=--xla_gpu_deterministic_ops=true"):
     runtime.apply({"deterministic": True}, "float32")
   runtime.apply({"deterministic": False}, "float32")  # The fast setting needs no flag.
+  os.environ["XLA_FLAGS"] = runtime.DETERMINISTIC_FLAG  # Set by the user: in effect all the same.
+  assert runtime.apply({"deterministic": False}, "float32")["deterministic"] == "true"
+  os.environ["XLA_FLAGS"] = ""
   monkeypatch.setattr(runtime.jax, "default_backend", lambda: "cpu")
   assert runtime.apply(None, "float32")["deterministic"] == "false"  # Nothing to do on a CPU.
 

@@ -79,18 +79,27 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: Mo
 
 
 def resolve(cfg: ModelConfig, platform: str) -> str:
-  """The kernel `cfg.attention` means on `platform` (a JAX platform name: "cpu", "cuda" or a
-  device's "gpu", "tpu"): itself, but for "auto" splash on TPU, cudnn on a CUDA GPU when the
-  activations are bf16/fp16 and the head dim one that every cuDNN GPU takes, chunked otherwise."""
+  """The kernel `cfg.attention` means on `platform` (a lowering platform: "cpu", "cuda", "rocm",
+  "tpu"; `platform_of` names a device's): itself, but for "auto" splash on TPU, cudnn on a CUDA
+  GPU when the activations are bf16/fp16 and the head dim one that every cuDNN GPU takes, chunked
+  otherwise."""
   if cfg.attention != "auto":
     return cfg.attention
   if platform == "tpu":
     return "splash"
   dh = cfg.dim_per_head
-  if (platform in ("cuda", "gpu") and jnp.dtype(cfg.dtype) in _CUDNN_DTYPES and dh % 8 == 0
+  if (platform == "cuda" and jnp.dtype(cfg.dtype) in _CUDNN_DTYPES and dh % 8 == 0
       and dh <= _CUDNN_MAX_HEAD_DIM):
     return "cudnn"
   return "chunked"
+
+
+def platform_of(device: jax.Device) -> str:
+  """`device`'s lowering platform as `resolve` takes it: a device says "gpu" for CUDA and ROCm
+  alike, and only CUDA has cuDNN."""
+  if device.platform != "gpu":
+    return device.platform
+  return "cuda" if _has_cuda() else "rocm"
 
 
 def _has_cuda() -> bool:
@@ -139,6 +148,15 @@ def sdpa(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, causal
          implementation: str) -> jax.Array:
   """`jax.nn.dot_product_attention` by `implementation` ("xla" or "cudnn") on `sdpa_arguments`."""
   args, kwargs = sdpa_arguments(q, k, v, allowed, causal=causal)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    # cuDNN's partitioner wants q, k and v split alike: where the tensor axis splits the q heads
+    # but not the fewer kv heads (grouped-query attention), split all three by batch only.
+    q_spec = rules.spec(("batch", None, "heads", None), args[0].shape, mesh)
+    kv_spec = rules.spec(("batch", None, "kv_heads", None), args[1].shape, mesh)
+    if q_spec != kv_spec:
+      args = tuple(jax.lax.with_sharding_constraint(x, P(q_spec[0], None, None, None))
+                   for x in args)
   out = jax.nn.dot_product_attention(*args, **kwargs, implementation=implementation)
   return out[:, :q.shape[1]]
 

@@ -86,9 +86,13 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   # Attention's float32 scores and probabilities (and their gradient) for the queries computed at
   # once: all of them (reference, xla), a block (chunked), none outside the kernel's on-chip blocks
   # (splash, cudnn), by the kernel the config runs on the mesh's platform (TPU for task=compile).
+  # cuDNN instead reads the padding mask as a [B,1,T,S] bias and writes its (unused) gradient.
+  kernel = attention.resolve(cfg, attention.platform_of(mesh.devices.flat[0]))
   queries = {"reference": seq_len, "xla": seq_len, "chunked": min(cfg.attention_chunk, seq_len),
-             "splash": 0, "cudnn": 0}[attention.resolve(cfg, mesh.devices.flat[0].platform)]
+             "splash": 0, "cudnn": 0}[kernel]
   scores = b_local * local(h) * queries * seq_len * (act + 8)
+  if kernel == "cudnn":
+    scores += 2 * b_local * seq_len * seq_len * act
   matmul_outputs = tokens * (4 * d + (local(h) + 2 * local(kv)) * dh + local(h) * dh
                              + 3 * local(f)) * act
   copies = 2 if fsdp == 1 else 1  # Under fsdp the stacked layer inputs are not copied again.

@@ -17,7 +17,8 @@ row): then one line says so and the count goes to the metrics as `train/skipped_
 Resuming under another configuration is refused, except for the settings in
 `MAY_CHANGE_ON_RESUME`: the optimizer's (so a run that diverged can go on from its last good
 checkpoint with a lower learning rate or with skipping on) and rematerialisation (`model.remat`, the
-`remat` block: memory and speed, not the math); a change there is logged.
+`remat` block: memory and speed; the results agree up to rounding, so such a resume is no longer
+bit-identical to an uninterrupted run); a change there is logged.
 """
 
 from __future__ import annotations
