@@ -313,7 +313,7 @@ def test_shared_prompt_matches_reference(kind):
                              atol=2e-5)
 
 
-@pytest.mark.parametrize("kind", ["xla", "auto"])
+@pytest.mark.parametrize("kind", ["xla"])  # auto on CPU is chunked: test_chunked_cached_forward_...
 def test_sdpa_and_auto_cached_paths_match_reference(kind):
   """A prompt's forward through a KV cache (heads-major: the reference under xla, chunked blocks
   of 8 under auto on CPU) and sampling (a prefill, then decode steps through the cache) give the

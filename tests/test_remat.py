@@ -63,8 +63,9 @@ _loss_and_grads = jax.jit(jax.value_and_grad(_loss), static_argnums=3,
                                             "xla_cpu_use_fusion_emitters": False})
 
 
-@pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
-@pytest.mark.parametrize("variant", MODELS)
+# gpt2 (dropout) through the layer scan, llama (GQA, SwiGLU) unrolled: both ways a layer runs.
+@pytest.mark.parametrize("variant,scan", [("gpt2", True), ("llama", False)],
+                         ids=["gpt2-scanned", "llama-unrolled"])
 def test_every_policy_gives_the_loss_and_gradients_of_none(variant, scan):
   """Same math, recomputed (gpt2's dropout masks too): the float32 loss is bit-identical and every
   gradient within 1.3e-7 of the largest one (bit-identical under XLA's default CPU code
