@@ -11,7 +11,6 @@ multi-host run executes this same command (see launch/).
 from __future__ import annotations
 
 import errno
-import logging as std_logging
 import os
 import re
 import sys
@@ -173,11 +172,12 @@ def main(argv: list[str]) -> None:
   except (ConfigError, DataError) as e:
     _fail(str(e))
   except OSError as e:
-    # Orbax's abandoned background writes log the same failure again as they are collected at
-    # exit; the line below has said it, so the user's last line stays ours.
-    std_logging.disable(std_logging.CRITICAL)
-    sys.unraisablehook = lambda _: None
-    _fail(_os_error(e))
+    # Orbax's abandoned background writes report the same failure again as they wind down (logs,
+    # their threads' and exit handlers' tracebacks); the line has said it, so the process ends at
+    # once and the user's last line stays ours. What was written is complete or a .tmp.
+    print(f"rlhfjax: error: {_os_error(e)}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(2)
   except preemption.Preempted as e:
     print(f"rlhfjax: {e}", file=sys.stderr)
     sys.exit(preemption.EXIT_CODE)
