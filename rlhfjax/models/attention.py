@@ -38,6 +38,7 @@ is a finite average of values that differs between kernels, and is never read.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.extend.backend
@@ -149,14 +150,10 @@ def sdpa(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, causal
   """`jax.nn.dot_product_attention` by `implementation` ("xla" or "cudnn") on `sdpa_arguments`."""
   args, kwargs = sdpa_arguments(q, k, v, allowed, causal=causal)
   mesh = jax.sharding.get_abstract_mesh()
-  if not mesh.empty:
-    # cuDNN's partitioner wants q, k and v split alike: where the tensor axis splits the q heads
-    # but not the fewer kv heads (grouped-query attention), split all three by batch only.
-    q_spec = rules.spec(("batch", None, "heads", None), args[0].shape, mesh)
-    kv_spec = rules.spec(("batch", None, "kv_heads", None), args[1].shape, mesh)
-    if q_spec != kv_spec:
-      args = tuple(jax.lax.with_sharding_constraint(x, P(q_spec[0], None, None, None))
-                   for x in args)
+  if not mesh.empty:  # cuDNN's partitioner wants q, k and v split alike.
+    q_spec, kv_spec = _head_specs(args[0].shape, args[1].shape, mesh, head_axis=2)
+    args = tuple(jax.lax.with_sharding_constraint(x, s)
+                 for x, s in zip(args, (q_spec, kv_spec, kv_spec)))
   out = jax.nn.dot_product_attention(*args, **kwargs, implementation=implementation)
   return out[:, :q.shape[1]]
 
@@ -233,6 +230,22 @@ def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, dh)
 
 
+def _head_specs(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], mesh: Any,
+                head_axis: int) -> tuple[P, P]:
+  """Partition specs of q and of k, v (4-d, heads on `head_axis`): batch by the sharding rules,
+  heads too where the tensor axis splits q's and kv's heads alike, so each device keeps whole
+  q-head groups (grouped-query attention); otherwise batch only, for all three."""
+  def spec(heads: str, shape: tuple[int, ...]) -> P:
+    axes: list[str | None] = ["batch", None, None, None]
+    axes[head_axis] = heads
+    return rules.spec(tuple(axes), shape, mesh)
+
+  q_spec, kv_spec = spec("heads", q_shape), spec("kv_heads", kv_shape)
+  if q_spec[head_axis] != kv_spec[head_axis]:
+    q_spec = kv_spec = P(q_spec[0], None, None, None)
+  return q_spec, kv_spec
+
+
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax.Array:
   """Causal self-attention by the Pallas splash kernel; q [B,T,H,Dh], k, v [B,T,KV,Dh].
 
@@ -269,10 +282,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax
 
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
-    q_spec = rules.spec(("batch", "heads", None, None), q.shape, mesh)
-    kv_spec = rules.spec(("batch", "kv_heads", None, None), k.shape, mesh)
-    if q_spec[1] != kv_spec[1]:  # Split heads only where each device keeps whole q-head groups.
-      q_spec = kv_spec = P(q_spec[0], None, None, None)
+    q_spec, kv_spec = _head_specs(q.shape, k.shape, mesh, head_axis=1)
     run = jax.shard_map(run, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, P(q_spec[0])),
                         out_specs=q_spec, check_vma=False)  # The kernel declares no vma.
   return run(q, k, v, segments).transpose(0, 2, 1, 3)[:, :t]
