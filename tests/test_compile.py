@@ -22,6 +22,11 @@ from rlhfjax.parallel import tpu
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
+# A program compiled for a TPU topology goes into the session's compilation cache (conftest), but a
+# process with no TPU client cannot load it back: JAX says so and compiles again, as it would have.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Error reading persistent compilation cache entry:UserWarning")
+
 needs_libtpu = pytest.mark.skipif(not tpu.has_libtpu(), reason="needs pip install -e '.[tpu]'")
 
 
