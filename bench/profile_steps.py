@@ -9,9 +9,11 @@ the weights). Each step is compiled, run once, then traced for `repeats` calls. 
 trace records (on this CPU, one XLA thunk) is matched by name to the compiled HLO and put in a
 group: `matmul` (a dot, or a fusion holding one: XLA CPU fuses element-wise work into its matmul
 fusions), `element-wise`/`reduction` fusions, `copy`/`transpose`, and `other`. Per group: the
-share of the traced operation time and, for matmuls, their FLOPs (from the HLO shapes) and
-GFLOP/s against the float32 matmul peak measured in the same run. Then the slowest operations,
-with the JAX operation that made each. Prints numbers; asserts nothing.
+share of the step's time (operations running at once share it) and, for matmuls, their FLOPs (from
+the HLO shapes) and GFLOP/s against the float32 matmul peak measured in the same run. Then the slowest operations,
+with the JAX operation that made each. The profiler costs time per operation (on this CPU a traced
+SFT step takes about 1.7 times as long), so the shares are indicative, and confirm a finding by
+timing the step without the profiler. Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
@@ -115,22 +117,39 @@ def group(inst: dict) -> str:
   return "other"
 
 
-def trace_ops(fn, repeats: int) -> tuple[dict[str, float], dict[str, int]]:
-  """Total traced seconds, and number of executions, per operation name over `repeats` calls of
-  `fn` (already compiled)."""
+def trace_ops(fn, repeats: int, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
+  """Seconds of wall time, and number of executions, of each operation in `names` over `repeats`
+  calls of `fn` (already compiled).
+
+  XLA:CPU runs independent operations concurrently, often more of them than there are cores, so
+  traced durations overlap and add up to more than the call took. Each stretch of time between two
+  event boundaries is therefore split evenly among the operations running in it: the seconds then
+  add up to the time the call was busy, and an operation's share is its share of the step.
+  """
   directory = tempfile.mkdtemp(prefix="rlhfjax-profile-")
   with jax.profiler.trace(directory):
     for _ in range(repeats):
       jax.block_until_ready(fn())
   path = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1]
-  seconds, runs = collections.Counter(), collections.Counter()
+  edges, runs = [], collections.Counter()
   for plane in jax.profiler.ProfileData.from_file(path).planes:
     if plane.name != "/host:CPU":
       continue
     for line in plane.lines:
       for event in line.events:
-        seconds[event.name] += event.duration_ns * 1e-9
-        runs[event.name] += 1
+        if event.name in names:
+          edges += [(event.start_ns, 1, event.name), (event.end_ns, -1, event.name)]
+          runs[event.name] += 1
+  seconds, running, last = collections.Counter(), collections.Counter(), None
+  for t, change, name in sorted(edges):
+    if last is not None and running:
+      active = sum(running.values())
+      for op, n in running.items():
+        seconds[op] += n * (t - last) * 1e-9 / active
+    running[name] += change
+    if not running[name]:
+      del running[name]
+    last = t
   return dict(seconds), dict(runs)
 
 
@@ -140,9 +159,9 @@ def profile(name: str, jitted, args: tuple, repeats: int, peak: float, top: int)
   hlo = parse_hlo(compiled.as_text())
   call = lambda: compiled(*args)
   wall = timeit(call, repeats)
-  seconds, runs = trace_ops(call, repeats)
+  seconds, runs = trace_ops(call, repeats, set(hlo))
   # Per call; an operation in a loop body (PPO's minibatches) runs, and does its FLOPs, many times.
-  seconds = {k: v / repeats for k, v in seconds.items() if k in hlo}
+  seconds = {k: v / repeats for k, v in seconds.items()}
   flops = {k: hlo[k]["flops"] * runs[k] / repeats for k in seconds}
   traced = sum(seconds.values())
   groups = collections.defaultdict(lambda: {"s": 0.0, "flops": 0.0, "ops": 0})
@@ -152,8 +171,10 @@ def profile(name: str, jitted, args: tuple, repeats: int, peak: float, top: int)
     g["flops"] += flops[op]
     g["ops"] += 1
   total_flops = sum(flops.values())
-  print(f"\n{name}: {wall * 1e3:.1f} ms a call; traced XLA operations {traced * 1e3:.1f} ms "
-        f"(summed over threads); matmul FLOPs {total_flops / 1e9:.2f} G = "
+  # Tracing costs time per operation, so a traced call takes longer than `wall`: the shares are
+  # of the traced calls, and many small operations look costlier than they are.
+  print(f"\n{name}: {wall * 1e3:.1f} ms a call; traced, {traced * 1e3:.1f} ms in XLA operations "
+        f"(the profiler's own cost included); matmul FLOPs {total_flops / 1e9:.2f} G = "
         f"{total_flops / wall / 1e9:.0f} GFLOP/s over the call, "
         f"{100 * total_flops / wall / peak:.0f}% of the peak")
   print(f"  {'group':<26}{'ops':>5}{'share':>8}{'ms':>9}{'GFLOP/s':>9}{'of peak':>9}")
