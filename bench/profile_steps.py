@@ -68,7 +68,7 @@ def _dims(type_: str) -> list[int]:
 def parse_hlo(text: str) -> dict[str, dict]:
   """Every instruction of an optimized HLO module: {name: {opcode, computation it calls (or ''),
   dot FLOPs (its own, or its fused computation's), op_name}}."""
-  comps: dict[str, list[tuple[str, str, str, str, str]]] = {}
+  comps: dict[str, list[tuple[str, ...]]] = {}  # name, type, opcode, calls, op_name, the rest.
   current = None
   for line in text.splitlines():
     if (m := _COMPUTATION.match(line)) and " = " not in line:
@@ -126,13 +126,14 @@ def trace_ops(fn, repeats: int, names: set[str]) -> tuple[dict[str, float], dict
   event boundaries is therefore split evenly among the operations running in it: the seconds then
   add up to the time the call was busy, and an operation's share is its share of the step.
   """
-  directory = tempfile.mkdtemp(prefix="rlhfjax-profile-")
-  with jax.profiler.trace(directory):
-    for _ in range(repeats):
-      jax.block_until_ready(fn())
-  path = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1]
+  with tempfile.TemporaryDirectory(prefix="rlhfjax-profile-") as directory:
+    with jax.profiler.trace(directory):
+      for _ in range(repeats):
+        jax.block_until_ready(fn())
+    path = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))[-1]
+    planes = jax.profiler.ProfileData.from_file(path).planes
   edges, runs = [], collections.Counter()
-  for plane in jax.profiler.ProfileData.from_file(path).planes:
+  for plane in planes:
     if plane.name != "/host:CPU":
       continue
     for line in plane.lines:
