@@ -46,6 +46,13 @@ EOS = 1
 CRITIC_FREE = {"rloo": rloo, "grpo": grpo}
 
 
+def random_models(cfg: ModelConfig) -> tuple[dict, dict]:
+  """A random policy and reward model of `cfg` (the speed does not depend on the weights)."""
+  keys = jax.random.split(jax.random.key(0), 3)
+  return transformer.init(keys[0], cfg), {"backbone": transformer.init(keys[1], cfg),
+                                          "head": heads.init_scalar_head(keys[2], cfg.d_model)}
+
+
 def setup(method: str, config, cfg: ModelConfig, policy, reward, rank: int):
   """(state, jitted step, samples per prompt, forward passes of the update per episode) of one
   method at its config block's settings; with `rank` > 0, LoRA adapters on the policy (and PPO's
@@ -130,10 +137,7 @@ def main() -> None:
   config = load_config(args.config)
   fmt = config.format
   cfg = ModelConfig.from_mapping(config.model.to_dict())
-  keys = jax.random.split(jax.random.key(0), 3)
-  policy = transformer.init(keys[0], cfg)
-  reward = {"backbone": transformer.init(keys[1], cfg),
-            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
+  policy, reward = random_models(cfg)
   peak = matmul_peak()
   print(f"model {cfg.variant} d{cfg.d_model} L{cfg.n_layers} V{cfg.vocab_size}; prompts "
         f"{fmt.prompt_len} + {fmt.response_len} new tokens; {jax.devices()[0].device_kind} "

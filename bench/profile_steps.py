@@ -36,11 +36,10 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.models import heads
 from rlhfjax.models import sampling
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
-from ppo_speed import EOS, setup
+from ppo_speed import EOS, random_models, setup
 from throughput import load_config, matmul_peak, timeit
 
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")
@@ -210,10 +209,7 @@ def main() -> None:
   plen, rlen = config.format.prompt_len, config.format.response_len
   rng = np.random.default_rng(0)
   tokens = lambda n, t: rng.integers(4, cfg.vocab_size, (n, t), dtype=np.int32)
-  keys = jax.random.split(jax.random.key(0), 3)
-  policy = transformer.init(keys[0], cfg)
-  reward = {"backbone": transformer.init(keys[1], cfg),
-            "head": heads.init_scalar_head(keys[2], cfg.d_model)}
+  policy, reward = random_models(cfg)
   peak = matmul_peak()
   print(f"model {cfg.variant} d{cfg.d_model} L{cfg.n_layers} V{cfg.vocab_size}, {plen} + {rlen} "
         f"tokens; {jax.devices()[0].device_kind} x{jax.device_count()}; matmul peak "

@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="overrides the config's runtime.matmul_precision (its default, auto: "
                            "highest for float32 models, JAX's default for bfloat16 ones)")
   parser.add_argument("--nondeterministic", action="store_true",
-                      help="overrides the config's runtime.deterministic with false: XLA may pick non-deterministic (faster) "
-                           "GPU kernels; a resumed run then differs from an uninterrupted one")
+                      help="overrides the config's runtime.deterministic with false: XLA may "
+                           "pick non-deterministic (faster) GPU kernels; a resumed run then "
+                           "differs from an uninterrupted one")
   parser.add_argument("--time", default="24:00:00")
   parser.add_argument("--grace", type=int, default=180, help="seconds of SIGTERM warning")
   parser.add_argument("--partition", default="")
