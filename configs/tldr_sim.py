@@ -49,6 +49,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Token budgets: the post is truncated at sentence boundaries to fit `prompt_len`.
   c.format = dict(prompt_len=128, response_len=48)
 
+  # Rollouts (rlhfjax/parallel/rollout.py): every method that samples copies the policy once per
+  # rollout into a layout of its own. mesh: 'auto' (CPU: every device a replica; accelerators:
+  # tensor parallel over one host's devices, replicas over hosts, widened until it fits beside the
+  # training state), 'train' (the trainer's layout and weights) or e.g. 'data=-1,tensor=4';
+  # dtype: 'auto' (model.dtype, the compute dtype) or a dtype name. Decoding ends when every row
+  # has its eos (early_stop) and reads the KV cache in blocks of cache_block tokens, each step only
+  # up to its block's end (0: every slot at every step).
+  c.rollout = dict(mesh="auto", dtype="auto", early_stop=True, cache_block=128)
+
   # The decoder (see rlhfjax/models/config.py for the meaning of each key).
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
                  n_layers=2, n_heads=4, n_kv_heads=4, d_ff=512, max_len=192, head_dim=0,
@@ -146,6 +155,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                gamma=1.0, lam=0.95, whiten="batch", cliprange=0.2, cliprange_value=0.2,
                vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0, frozen_dtype="",
                value_model="separate",
+               # truncated_is: weight each token's surrogate term by min(pi_old / pi_sampler,
+               # tis_cap), TIS (Yao et al. 2025), against the sampler's numerics.
+               truncated_is=False, tis_cap=2.0,
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-5, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0,
                log_every=1, eval_every=10, eval_examples=256)
@@ -156,7 +168,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # share_prompt: every forward (policy, reference, reward model, update) computes each prompt once
   # for its k samples, and minibatches hold whole groups (False: rows shuffled and computed alone).
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
-                no_eos_score=-1.0, share_prompt=True, lr=3e-4, warmup_steps=0,
+                no_eos_score=-1.0, share_prompt=True,
+                # truncated_is (read by rloo and grpo): as ppo's; online DPO has no such term.
+                truncated_is=False, tis_cap=2.0,
+                lr=3e-4, warmup_steps=0,
                 schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0,
                 grad_clip=1.0, skip_nonfinite=0, log_every=1, eval_every=10, eval_examples=256)
   # RLOO (Ahmadian et al.; TRL's defaults k=2, kl_coef 0.05 as sequence KL in the reward, clipped

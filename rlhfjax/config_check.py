@@ -39,6 +39,8 @@ _BY_NAME: dict[str, Rule] = {
     **dict.fromkeys(("end_lr_frac", "flip_rate", "gamma", "lam", "top_p"), _UNIT),
     **dict.fromkeys(("b1", "b2", "dropout"), _BELOW_ONE),
     "label_smoothing": (lambda v: 0 <= v < 0.5, "in [0, 0.5)"),
+    # TIS's cap: below 1 it would shrink even the tokens where sampler and trainer agree.
+    "tis_cap": (lambda v: v >= 1, ">= 1"),
 }
 # Full paths whose meaning differs from the leaf name's elsewhere.
 _BY_PATH: dict[str, Rule] = {
@@ -47,6 +49,7 @@ _BY_PATH: dict[str, Rule] = {
     "online_dpo.beta": _POSITIVE,
     "distributed.num_processes": _POSITIVE,
     "distributed.process_id": _NON_NEGATIVE,
+    "rollout.cache_block": _NON_NEGATIVE,
 }
 _NOT_CHECKED = ("mesh", "seed", "data.seed", "annotators.seed", "labeling.seed", "no_eos_score",
                 "head_init_scale", "reference_noise")

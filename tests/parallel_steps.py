@@ -2,6 +2,8 @@
 CPU devices and writes, per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte
 counts (`<out>/bytes.json`). Every algorithm runs on one device and on the mesh that uses all three
 axes (2x2x2); pure data parallelism runs SFT and PPO, pure FSDP SFT (the suite's time is shared).
+The policy also samples in the rollout layouts of ROLLOUTS (parallel/rollout.py: the weights copied
+out of the trainer's layout), written as `rollout/<layout>/...` beside each mesh's results.
 
 Started by tests/test_parallel.py in its own process, because the device count is fixed when JAX
 starts: `python tests/parallel_steps.py OUT_DIR`.
@@ -22,9 +24,9 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reward_model, rloo, sft  # noqa: E402
-from rlhfjax.models import heads, transformer  # noqa: E402
+from rlhfjax.models import heads, sampling, transformer  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
-from rlhfjax.parallel import memory  # noqa: E402
+from rlhfjax.parallel import memory, rollout, rules  # noqa: E402
 from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
 from rlhfjax.parallel.sharding import Parallel, bytes_per_device, to_host  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
@@ -36,6 +38,10 @@ MESHES = {(1, 1, 1): ALGORITHMS, (2, 2, 2): ALGORITHMS, (8, 1, 1): ("sft", "ppo"
 CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
                   d_ff=64, max_len=32)
 B, P, R, STEPS, EOS = 8, 8, 8, 3, 2
+# Rollout layouts each mesh samples in ('auto' on a CPU: every device a replica).
+ROLLOUTS = {(1, 1, 1): ("auto",), (2, 2, 2): ("auto", "data=-1,tensor=2"), (1, 8, 1): ("auto",)}
+SAMPLING = sampling.SamplingConfig(max_new_tokens=R, eos_id=EOS, pad_id=0, temperature=1.0,
+                                   cache_block=3)
 # eps well above float32 rounding of the gradients, so Adam does not blow a last-bit difference in
 # a near-zero gradient up to a full step (the comparison is of the sharding, not of Adam's noise).
 OPT = dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9, b2=0.95,
@@ -158,6 +164,28 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
   return {"losses": losses, "params": params}, bytes_
 
 
+def sample_rollouts(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
+                    layouts: tuple[str, ...]) -> dict[str, np.ndarray]:
+  """The policy `init['policy']`, placed in `par`'s training layout, copied into each rollout
+  layout and sampled on the first batch's prompts: tokens, log-probs and lengths per layout."""
+  axes = transformer.param_axes(CFG)
+  trained = par.put(init["policy"], par.shardings(axes, init["policy"]))
+  out = {}
+  for spec in layouts:
+    layout = rollout.choose({"mesh": spec}, CFG, dict(par.mesh.shape), platform="cpu",
+                            fast_domain=8, rows=B, length=P + R, free_bytes=None)
+    mesh = rollout.mesh(layout, par.mesh)
+    params = rollout.reshard(trained, axes, layout, mesh)
+    rows = lambda x, mesh=mesh: jax.device_put(x, jax.sharding.NamedSharding(
+        mesh, rules.spec(("batch", None), x.shape, mesh)))
+    with jax.set_mesh(mesh):
+      got = sampling.sample(params, rows(data[0]["prompt"]), rows(data[0]["prompt_mask"]),
+                            jax.random.key(7), CFG, SAMPLING)
+    for name, value in got._asdict().items():
+      out[f"rollout/{spec}/{name}"] = to_host(value)
+  return out
+
+
 def main(out: str) -> None:
   data = batches(np.random.default_rng(0))
   key = jax.random.key(0)
@@ -169,6 +197,7 @@ def main(out: str) -> None:
     par = Parallel(make_mesh(dict(zip(("data", "fsdp", "tensor"), shape))))
     result, report[name] = run(par, data, init, algorithms)
     flat = {f"loss/{k}": np.array(v) for k, v in result["losses"].items()}
+    flat.update(sample_rollouts(par, data, init, ROLLOUTS.get(shape, ())))
     for algo, tree in result["params"].items():
       for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         flat[f"params/{algo}/{jax.tree_util.keystr(path)}"] = leaf

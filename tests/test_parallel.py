@@ -130,6 +130,22 @@ def test_sharded_steps_match_one_device(mesh_runs, mesh):
       np.testing.assert_allclose(other[k], base[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def test_rollout_layouts_sample_what_one_device_samples(mesh_runs):
+  """The policy copied out of each training mesh into its rollout layouts (replicas; tensor
+  parallel) samples the same tokens as on one device; log-probs agree to float rounding."""
+  base = np.load(os.path.join(mesh_runs, "1x1x1.npz"))
+  tokens = base["rollout/auto/tokens"]
+  assert (base["rollout/auto/lengths"] < tokens.shape[1]).any()  # Some rows end early.
+  for mesh, layouts in {"2x2x2": ("auto", "data=-1,tensor=2"), "1x8x1": ("auto",)}.items():
+    other = np.load(os.path.join(mesh_runs, f"{mesh}.npz"))
+    for spec in layouts:
+      np.testing.assert_array_equal(other[f"rollout/{spec}/tokens"], tokens, err_msg=spec)
+      np.testing.assert_array_equal(other[f"rollout/{spec}/lengths"],
+                                    base["rollout/auto/lengths"], err_msg=spec)
+      np.testing.assert_allclose(other[f"rollout/{spec}/logprobs"], base["rollout/auto/logprobs"],
+                                 atol=1e-5, err_msg=spec)
+
+
 def test_fsdp_splits_parameters_and_optimizer_state(mesh_runs):
   with open(os.path.join(mesh_runs, "bytes.json"), encoding="utf-8") as f:
     report = json.load(f)

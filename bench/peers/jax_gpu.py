@@ -22,6 +22,9 @@ rates, MFU and fractions of the bandwidth. Asserts nothing.
 - sample: `sampling.sample` on sample_batch prompts of sample_prompt real tokens, sample_new new
   tokens, and the same call with 1 new token (prefill and the first token): the difference is
   the sample_new - 1 decode steps, each one jitted forward of the whole batch over the cache.
+  The policy samples as every rollout does: copied into the rollout layout of the config's
+  `rollout` block (parallel/rollout.py: compute dtype, tensor parallel where there are several
+  devices) with its cache blocks; ppo and rloo make that copy once per iteration, timed.
   Also reports the bytes of the weights and of one KV-cache slot of the batch (k and v, all
   layers), from which bench/gpu.py counts what a decode step reads.
 - ppo: iterations of what task=ppo does: sample the responses of `episodes` left-padded prompts
@@ -35,6 +38,7 @@ rates, MFU and fractions of the bandwidth. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -62,6 +66,8 @@ from rlhfjax.models import heads  # noqa: E402
 from rlhfjax.models import sampling  # noqa: E402
 from rlhfjax.models import transformer  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
+from rlhfjax.parallel import rollout  # noqa: E402
+from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
@@ -122,15 +128,34 @@ def work_rm(p: presets.Preset, cfg: ModelConfig, repeats: int) -> dict:
   return step_seconds(step, TrainState.create(params, tx), (batch,), repeats)
 
 
+def in_rollout_layout(cfg: ModelConfig, rows: int, length: int,
+                      new: int) -> tuple[Callable[[Any], Any], sampling.SamplingConfig]:
+  """(copy, sampling config): `copy(params)` puts the policy into the rollout layout that the
+  config's `rollout` block picks on these devices for `rows` rows of `length` slots; the config
+  samples `new` tokens at temperature 1 with its cache blocks (eos disabled)."""
+  block = load_config(CONFIG).rollout
+  train = make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  layout = rollout.choose(block, cfg, dict(train.shape), platform=jax.devices()[0].platform,
+                          fast_domain=jax.local_device_count(), rows=rows, length=length,
+                          free_bytes=None)
+  mesh = rollout.mesh(layout, train)
+  print(rollout.describe(layout, cfg, rows, length), file=sys.stderr)
+  scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0, eos_id=NO_EOS, pad_id=0,
+                                 early_stop=block.early_stop, cache_block=block.cache_block)
+  return lambda params: rollout.reshard(params, transformer.param_axes(cfg), layout, mesh), scfg
+
+
 def work_sample(p: presets.Preset, cfg: ModelConfig, repeats: int) -> dict:
-  params = transformer.init(jax.random.key(0), cfg)
+  copy, scfg = in_rollout_layout(cfg, p.sample_batch, p.sample_prompt + p.sample_new,
+                                 p.sample_new)
+  params = copy(transformer.init(jax.random.key(0), cfg))
   prompts = jax.device_put(tokens(np.random.default_rng(0), cfg, p.sample_batch, p.sample_prompt))
   mask = jnp.ones(prompts.shape, bool)
 
   def seconds(new: int) -> tuple[float, list[float]]:
-    scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0, eos_id=NO_EOS, pad_id=0)
+    new_cfg = dataclasses.replace(scfg, max_new_tokens=new)
     return best_seconds(
-        lambda: sampling.sample(params, prompts, mask, jax.random.key(1), cfg, scfg).tokens,
+        lambda: sampling.sample(params, prompts, mask, jax.random.key(1), cfg, new_cfg).tokens,
         repeats)
 
   whole, times = seconds(p.sample_new)
@@ -180,10 +205,9 @@ def work_ppo(p: presets.Preset, cfg: ModelConfig, iterations: int) -> dict:
   step = jax.jit(functools.partial(ppo.train_step, cfg=cfg, c=c, tx=tx, eos_id=NO_EOS),
                  donate_argnums=0)
   prompts, mask = rl_prompts(p, cfg, p.episodes)
-  scfg = sampling.SamplingConfig(max_new_tokens=p.rl_response, temperature=c.temperature,
-                                 eos_id=NO_EOS, pad_id=0)
-  draw = lambda params, i: sampling.sample(params["policy"], prompts, mask, jax.random.key(i), cfg,
-                                           scfg).tokens
+  copy, scfg = in_rollout_layout(cfg, p.episodes, p.rl_prompt + p.rl_response, p.rl_response)
+  draw = lambda params, i: sampling.sample(copy(params["policy"]), prompts, mask,
+                                           jax.random.key(i), cfg, scfg).tokens
   return rl_iterations(state, step, policy, reward, draw, prompts, mask, iterations)
 
 
@@ -198,9 +222,8 @@ def work_rloo(p: presets.Preset, cfg: ModelConfig, iterations: int) -> dict:
   unique, unique_mask = rl_prompts(p, cfg, p.episodes // c.k)
   # k adjacent samples of each prompt, which the sampler prefills once (as task=rloo does).
   prompts, mask = jnp.repeat(unique, c.k, 0), jnp.repeat(unique_mask, c.k, 0)
-  scfg = sampling.SamplingConfig(max_new_tokens=p.rl_response, temperature=c.temperature,
-                                 eos_id=NO_EOS, pad_id=0)
-  draw = lambda params, i: sampling.sample(params["policy"], unique, unique_mask,
+  copy, scfg = in_rollout_layout(cfg, p.episodes, p.rl_prompt + p.rl_response, p.rl_response)
+  draw = lambda params, i: sampling.sample(copy(params["policy"]), unique, unique_mask,
                                            jax.random.key(i), cfg, scfg, k=c.k).tokens
   return rl_iterations(state, step, policy, reward, draw, prompts, mask, iterations)
 

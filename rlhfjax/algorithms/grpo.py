@@ -20,7 +20,9 @@ argue about (`loss_type`):
   'dr_grpo' (Liu et al.)   sum over all real tokens / (sequences × response_len), a constant.
 
 `grpo.epochs` passes over shuffled minibatches (μ of the paper; one epoch of one minibatch is the
-on-policy default, ρ = 1). std is the unbiased sample std with ε = 1e-4, as in TRL.
+on-policy default, ρ = 1). std is the unbiased sample std with ε = 1e-4, as in TRL. `truncated_is`
+multiplies each token's clipped surrogate term by min(π_old / π_sampler, tis_cap) (TRL's
+`vllm_importance_sampling_correction`, token-truncated).
 """
 
 from __future__ import annotations
@@ -78,13 +80,16 @@ def aggregate(token_loss: jax.Array, mask: jax.Array, loss_type: str) -> jax.Arr
 
 
 def token_losses(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array, adv: jax.Array,
-                 c: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(ℓ_t, KL_t, whether ρ_t was clipped) [B, R] for sequence advantages `adv` [B]."""
+                 c: Any, weights: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(ℓ_t, KL_t, whether ρ_t was clipped) [B, R] for sequence advantages `adv` [B]. TIS `weights`
+  [B, R] (online.tis_weights) multiply the clipped surrogate term, not the KL term, as in TRL."""
   ratio = jnp.exp(logp - old_logp)
   a = adv[:, None]
   surrogate = jnp.minimum(ratio * a, jnp.clip(ratio, 1.0 - c.cliprange, 1.0 + c.cliprange) * a)
   kl = kl_estimate(logp, ref_logp, c.kl_estimator)
-  loss = -surrogate + (c.beta * kl if c.kl_in == "loss" else 0.0)
+  pg = -surrogate if weights is None else -surrogate * weights
+  loss = pg + (c.beta * kl if c.kl_in == "loss" else 0.0)
   clipped = (ratio * a) > surrogate
   return loss, kl, clipped
 
@@ -104,13 +109,16 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
   data = {**batch, "old_logprobs": e["logprobs"], "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
+  weights = online.tis_weights(e["logprobs"], batch, c, "grpo")
+  if weights is not None:
+    data["tis_weights"] = weights
 
   def loss_fn(params, mb):
     logp = policy.response_logprobs(params["policy"], mb, cfg, temperature=c.temperature,
                                     group=group)
     mask = mb["response_mask"].astype(jnp.float32)
     losses, kl, clipped = token_losses(logp, mb["old_logprobs"], mb["ref_logprobs"],
-                                       mb["advantages"], c)
+                                       mb["advantages"], c, mb.get("tis_weights"))
     loss = aggregate(losses, mask, c.loss_type)
     return loss, {"loss/policy": loss, "kl": online.masked_mean(kl, mask),
                   "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), mask)}
@@ -119,7 +127,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                                                  c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "reward": rewards.mean(), "reward_std": group_std.mean(),
-           "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean()}
+           "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean(),
+           **online.sampler_gap(e["logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

@@ -116,6 +116,41 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
+def sampler_gap(logprobs: jax.Array, batch: pipeline.Batch) -> dict[str, jax.Array]:
+  """TRL's sampler/trainer gap over the real response tokens: the mean and max of
+  |log π − log π_sampler| and the min, mean and max of the ratio π / π_sampler (before any TIS
+  cap), where `logprobs` [B, R] are the trainer's recomputation before the update and
+  `batch['sampler_logprobs']` the sampler's. The sampler may differ in layout and precision;
+  this says by how much. {} for a batch without sampler log-probs (a static check)."""
+  if "sampler_logprobs" not in batch:
+    return {}
+  m = batch["response_mask"]
+  diff = logprobs - batch["sampler_logprobs"]
+  ratio = jnp.exp(diff)
+  some = m.any()  # With no real token every statistic is 0, as in TRL.
+  return {"sampling/sampling_logp_difference/mean": masked_mean(jnp.abs(diff), m),
+          "sampling/sampling_logp_difference/max": jnp.where(m, jnp.abs(diff), 0.0).max(),
+          "sampling/importance_sampling_ratio/min":
+              jnp.where(some, jnp.where(m, ratio, jnp.inf).min(), 0.0),
+          "sampling/importance_sampling_ratio/mean": masked_mean(ratio, m),
+          "sampling/importance_sampling_ratio/max": jnp.where(m, ratio, 0.0).max()}
+
+
+def tis_weights(logprobs: jax.Array, batch: pipeline.Batch, c: Any,
+                task: str) -> jax.Array | None:
+  """Truncated importance sampling (Yao et al. 2025): w_t = min(π_old(y_t) / π_sampler(y_t),
+  `tis_cap`) [B, R], without gradient, to multiply each token's policy-gradient loss term so the
+  update corrects for the sampler's numerics differing from the trainer's. `logprobs` are the
+  trainer's before the update (π_old). None with `truncated_is` off: the losses stay untouched."""
+  if not c.get("truncated_is", False):
+    return None
+  if "sampler_logprobs" not in batch:
+    raise ConfigError(f"{task}.truncated_is needs the sampler's log-probs, and this batch has no "
+                      f"'sampler_logprobs'; set {task}.truncated_is=False")
+  ratio = jnp.exp(logprobs - batch["sampler_logprobs"])
+  return jax.lax.stop_gradient(jnp.minimum(ratio, c.tis_cap))
+
+
 def shuffled_rows(key: jax.Array, n: int, group: int = 1) -> jax.Array:
   """A random order of `n` rows that moves whole groups of `group` adjacent rows and keeps each
   group's rows adjacent and in order (`group` 1: `jax.random.permutation(key, n)`)."""

@@ -17,6 +17,7 @@ One iteration:
    whitened over the whole rollout (AlpacaFarm) or per minibatch.
 3. Update: `ppo.epochs` passes over shuffled minibatches (`lax.scan`) of the clipped policy loss plus
    `vf_coef` times the clipped value loss; global-norm clipping, AdamW, learning rate linear to 0.
+   With `truncated_is`, each token's surrogate term is weighted by min(π_old / π_sampler, tis_cap).
    Then β follows the adaptive controller of Ziegler et al. when `adaptive_kl` is set.
 
 Steps 2 and 3 are one jitted pure function, `train_step`. Padding after eos counts nowhere.
@@ -111,13 +112,18 @@ def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: 
 
 def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], cliprange: float,
                cliprange_value: float) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-  """Clipped surrogate policy loss and clipped value loss, as token means over real tokens."""
+  """Clipped surrogate policy loss and clipped value loss, as token means over real tokens. With
+  `tis_weights` in the batch (online.tis_weights) each token's clipped surrogate term is multiplied
+  by its weight, as verl and TRL do; the value loss is not."""
   m = batch["response_mask"].astype(jnp.float32)
   adv = batch["advantages"]
   log_ratio = logp - batch["logprobs"]
   ratio = jnp.exp(log_ratio)
   pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
-  pg_loss = online.masked_mean(jnp.maximum(pg1, pg2), m)
+  pg = jnp.maximum(pg1, pg2)
+  if "tis_weights" in batch:
+    pg = pg * batch["tis_weights"]
+  pg_loss = online.masked_mean(pg, m)
   v_clipped = batch["values"] + jnp.clip(values - batch["values"], -cliprange_value, cliprange_value)
   vf1, vf2 = jnp.square(values - batch["returns"]), jnp.square(v_clipped - batch["returns"])
   vf_loss = 0.5 * online.masked_mean(jnp.maximum(vf1, vf2), m)
@@ -164,7 +170,8 @@ def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig, te
 def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                kl_coef: jax.Array, *, cfg: ModelConfig, c: Any,
                eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
-  """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout."""
+  """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout; with
+  `truncated_is`, the TIS weights of its tokens too (online.tis_weights)."""
   m = batch["response_mask"]
   logp, entropy, values = _policy_and_values(params, batch, cfg, c.temperature)
   ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=c.temperature)
@@ -183,8 +190,11 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
-           "response/length": m.sum(-1).mean()}
+           "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
   rollout = {**batch, "logprobs": logp, "values": values, "advantages": adv, "returns": returns}
+  weights = online.tis_weights(logp, batch, c, "ppo")
+  if weights is not None:
+    rollout["tis_weights"] = weights
   return rollout, stats
 
 

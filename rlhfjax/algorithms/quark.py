@@ -104,7 +104,8 @@ def run(config, workdir: str) -> Any:
   def one_round(state, r):
     idx = pipeline.batch_indices(len(examples), c.prompts_per_round, config.seed, r)
     round_key = jax.random.fold_in(key, r)
-    parts = [(engine.sample_batch(state.params, b, jax.random.fold_in(round_key, i), exp,
+    sampler = engine.rollout_params(exp, state.params, c.sample_batch_size)  # One per round.
+    parts = [(engine.sample_batch(sampler, b, jax.random.fold_in(round_key, i), exp,
                                   c.temperature), n)
              for i, (b, n) in enumerate(pipeline.fixed_batches(pipeline.take(controlled, idx),
                                                                c.sample_batch_size))]

@@ -15,7 +15,8 @@ The update is TRL's: `rloo.epochs` passes over shuffled minibatches of the clipp
 sequence-level ratio ρ_i = exp(Σ_t log π_θ(y_t) − log π_old(y_t)),
 loss = mean_i max(−A_i ρ_i, −A_i clip(ρ_i, 1 ± ε)). With one epoch of one minibatch, ρ = 1 and
 this is Ahmadian et al.'s plain REINFORCE with the leave-one-out baseline. `normalize_advantages`
-whitens A over the batch (TRL's `normalize_advantage`, off by default).
+whitens A over the batch (TRL's `normalize_advantage`, off by default). `truncated_is` weights each
+token's term of the gradient by min(π_old / π_sampler, tis_cap) (see `sequence_clipped_loss`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,18 @@ def leave_one_out(rewards: jax.Array, k: int) -> jax.Array:
 
 
 def sequence_clipped_loss(logp: jax.Array, old_logp: jax.Array, adv: jax.Array, mask: jax.Array,
-                          cliprange: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The clipped surrogate on the sequence-level ratio, mean over sequences; TRL's statistics."""
-  log_ratio = ((logp - old_logp) * mask).sum(-1)
+                          cliprange: float, weights: jax.Array | None = None
+                          ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The clipped surrogate on the sequence-level ratio, mean over sequences; TRL's statistics.
+
+  TIS `weights` [B, R] (online.tis_weights) multiply each token's term of the gradient: the ratio
+  keeps its value (and clipping), and ∇ρ_i = ρ_i Σ_t w_t ∇log π_θ(y_t), the token-level
+  correction GRPO and PPO apply to their per-token losses.
+  """
+  delta = logp - old_logp
+  if weights is not None:
+    delta = jax.lax.stop_gradient(delta) + weights * (delta - jax.lax.stop_gradient(delta))
+  log_ratio = (delta * mask).sum(-1)
   ratio = jnp.exp(log_ratio)
   pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
   return jnp.maximum(pg1, pg2).mean(), {
@@ -73,13 +83,16 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   kl = e["logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
   data = {**batch, "old_logprobs": e["logprobs"], "advantages": adv}
+  weights = online.tis_weights(e["logprobs"], batch, c, "rloo")
+  if weights is not None:
+    data["tis_weights"] = weights
 
   def loss_fn(params, mb):
     logp, entropy = policy.response_token_stats(params["policy"], mb, cfg,
                                                 temperature=c.temperature, group=group)
     mask = mb["response_mask"].astype(jnp.float32)
     loss, stats = sequence_clipped_loss(logp, mb["old_logprobs"], mb["advantages"], mask,
-                                        c.cliprange)
+                                        c.cliprange, mb.get("tis_weights"))
     return loss, {**stats, "loss/policy_avg": loss,
                   "policy/entropy_avg": online.masked_mean(entropy, mask)}
 
@@ -87,7 +100,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                                                  c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "objective/non_score_reward": (-c.kl_coef * kl.sum(-1)).mean(),
-           "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std()}
+           "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std(),
+           **online.sampler_gap(e["logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

@@ -19,13 +19,12 @@ import numpy as np
 import optax
 
 from rlhfjax.data import pipeline
-from rlhfjax.models import generate
 from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models import pretrained
-from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -168,16 +167,13 @@ def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
   """Samples the policy on the test prompts at the evaluation's settings and saves the answers as
   `<workdir>/sft/outputs.json` (with the share that ended with eos); `evaluation/sft_report.py`
   and task=eval read them."""
-  e, rlen = exp.config.eval, exp.config.format.response_len
+  e = exp.config.eval
   if e.num_examples <= 0:
     return []
   examples = outputs.test_examples(exp)
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
-  scfg = sampling.SamplingConfig(max_new_tokens=rlen, temperature=e.temperature, top_k=e.top_k,
-                                 top_p=e.top_p, eos_id=exp.tokenizer.eos_id,
-                                 pad_id=exp.tokenizer.pad_id)
-  out = generate.generate(params, exp.model, scfg, prompts,
-                          jax.random.key(exp.config.seed + 1), e.batch_size)
+  out = engine.generate_split(exp, params, prompts, jax.random.key(exp.config.seed + 1),
+                             e.batch_size, e.temperature, e.top_k, e.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
   ended = np.any(out["response"] == exp.tokenizer.eos_id, axis=1)
   outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature,

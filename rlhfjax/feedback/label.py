@@ -32,8 +32,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import agreement
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import records
-from rlhfjax.models import generate
-from rlhfjax.models import sampling
+from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
@@ -49,10 +48,7 @@ def sample_pairs(exp: experiment.Experiment, params: Any, examples: Sequence[wor
   c = exp.config.label
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
   both = {k: np.concatenate([v, v]) for k, v in prompts.items()}
-  scfg = sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
-                                 temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id)
-  out = generate.generate(params, exp.model, scfg, both, rng, c.batch_size)
+  out = engine.generate_split(exp, params, both, rng, c.batch_size, c.temperature, c.top_k, c.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
   return texts[:len(examples)], texts[len(examples):]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import jax
 import numpy as np
 
@@ -12,16 +14,17 @@ from rlhfjax.parallel.sharding import to_host
 
 
 def generate(params, cfg: ModelConfig, scfg: sampling.SamplingConfig, prompts: pipeline.Batch,
-             rng: jax.Array, batch_size: int) -> dict[str, np.ndarray]:
+             rng: jax.Array, batch_size: int,
+             place: Callable[[np.ndarray], Any] = lambda x: x) -> dict[str, np.ndarray]:
   """Samples a response for every prompt; returns numpy `response`, `logprobs`, `lengths`.
 
-  Batch b uses `fold_in(rng, b)`, so results depend only on the rng and the batch size.
+  Batch b uses `fold_in(rng, b)`, so results depend only on the rng and the batch size. `place`
+  puts each batch's token arrays where the sampler runs (the rollout layout's rows).
   """
   outs = []
   for b, (batch, n) in enumerate(pipeline.fixed_batches(prompts, batch_size)):
-    out = sampling.sample(params, batch["prompt"], batch["prompt_mask"],
+    out = sampling.sample(params, place(batch["prompt"]), place(batch["prompt_mask"]),
                           jax.random.fold_in(rng, b), cfg, scfg)
-    outs.append(jax.tree.map(lambda x, n=n: x[:n], to_host(out)))
-  return {"response": np.concatenate([o.tokens for o in outs]),
-          "logprobs": np.concatenate([o.logprobs for o in outs]),
-          "lengths": np.concatenate([o.lengths for o in outs])}
+    outs.append([x[:n] for x in to_host((out.tokens, out.logprobs, out.lengths))])
+  return {name: np.concatenate([o[i] for o in outs])
+          for i, name in enumerate(("response", "logprobs", "lengths"))}

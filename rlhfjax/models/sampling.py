@@ -1,9 +1,20 @@
 """The fixed-shape, jitted KV-cache sampler: the engine of every rollout.
 
 One prefill forward writes the (left-padded) prompt into a cache of `prompt_len + max_new_tokens`
-slots; then `lax.scan` decodes one token per step. Shapes never depend on the data, so one compile
-serves every batch, and `sample` is jitted at module level with the configs static, so compiles are
-cached across calls.
+slots; then a `lax.while_loop` decodes one token per step. Shapes never depend on the data, so one
+compile serves every batch, and `sample` is jitted at module level with the configs static, so
+compiles are cached across calls.
+
+Two things keep decoding at the work it must do (`SamplingConfig`):
+- `early_stop`: the loop ends as soon as every row has emitted its eos (or at `max_new_tokens`).
+  The tokens, log-probs and lengths are those of the full-length loop: after its eos a row only
+  ever emits padding with log-prob 0, which is what the skipped steps would have written.
+- `cache_block`: the decode steps run in blocks of this many tokens, and the steps of a block read
+  the cache only up to the block's last slot (prompt plus the tokens decoded by then), not all
+  `prompt_len + max_new_tokens` slots from the first token on. Each block is its own loop with a
+  static read length (XLA needs static shapes), so the compiled program grows with the number of
+  blocks; 0 reads the whole cache at every step. Reading fewer (masked) slots changes results
+  only by the rounding of the softmax's sum.
 
 Log-probs are those of the sampled token under `log_softmax(logits / temperature)` *before* top-k /
 top-p truncation: exactly what a later forward pass at the same temperature recomputes (as PPO does),
@@ -22,6 +33,7 @@ import jax.numpy as jnp
 
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rules
 
 _NEG_INF = -1e30
 
@@ -34,12 +46,15 @@ class SamplingConfig:
   temperature: float = 1.0  # 0.0 means greedy.
   top_k: int = 0  # 0 means no top-k truncation.
   top_p: float = 1.0  # 1.0 means no nucleus truncation.
+  early_stop: bool = True  # End when every row has emitted eos.
+  cache_block: int = 0  # Decode steps per block reading the cache up to its end; 0: all slots.
 
 
 class SampleOutput(NamedTuple):
   tokens: jax.Array  # [B, T] int32, pad after the first eos.
   logprobs: jax.Array  # [B, T] float32, 0 after the first eos.
   lengths: jax.Array  # [B] int32, tokens up to and including the first eos.
+  steps: jax.Array  # [] int32, tokens drawn per row: max_new_tokens, or one past the last eos.
 
 
 def truncate(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
@@ -99,20 +114,29 @@ def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, cfg: Model
 
 def decode_step(params, cache: transformer.Cache, logits: jax.Array, done: jax.Array,
                 i: jax.Array, rng: jax.Array, first_position: jax.Array, cfg: ModelConfig,
-                scfg: SamplingConfig, prompt_len: int):
+                scfg: SamplingConfig, prompt_len: int, cache_read: int = 0):
   """New token `i`: drawn from `logits`, then written into the cache by one forward pass that
-  gives the next logits. Returns (cache, next logits, done, (token, log-prob, emitted))."""
+  gives the next logits, reading the first `cache_read` slots of the cache (0: all). Returns
+  (cache, next logits, done, (token, log-prob, emitted))."""
   token, logp, emitted, done = _emit(logits, done, i, rng, scfg)
   hidden, cache = transformer.forward(params, token[:, None], cfg, mask=emitted[:, None],
                                       positions=(first_position + i)[:, None], cache=cache,
-                                      cache_index=prompt_len + i)
+                                      cache_index=prompt_len + i, cache_read=cache_read)
   return cache, transformer.lm_logits(params, hidden[:, 0], cfg), done, (token, logp, emitted)
+
+
+def blocks(max_new_tokens: int, cache_block: int) -> list[tuple[int, int]]:
+  """The decode steps (those with a forward pass: all but the last token) in blocks
+  [start, end) of `cache_block` steps (0: one block)."""
+  last = max_new_tokens - 1
+  size = cache_block if cache_block > 0 else max(last, 1)
+  return [(s, min(s + size, last)) for s in range(0, last, size)]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "scfg", "k"))
 def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
            cfg: ModelConfig, scfg: SamplingConfig, k: int = 1) -> SampleOutput:
-  """Samples `scfg.max_new_tokens` tokens after left-padded prompts [B,P]; with `k` > 1, `k`
+  """Samples up to `scfg.max_new_tokens` tokens after left-padded prompts [B,P]; with `k` > 1, `k`
   samples of each prompt (rows [B*k], a prompt's samples adjacent). The prompts are prefilled once
   and their cache copied k times: the same samples as prefilling each repeated row, for 1/k of
   the prefill."""
@@ -122,18 +146,38 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
   if k > 1:
     cache, logits, first_position = jax.tree.map(lambda x: jnp.repeat(x, k, axis=0),
                                                  (cache, logits, first_position))
-  batch = logits.shape[0]
+  cache = _constrain_cache(cache)
+  batch, steps = logits.shape[0], scfg.max_new_tokens
+  out = (jnp.full((steps, batch), scfg.pad_id, jnp.int32), jnp.zeros((steps, batch), jnp.float32),
+         jnp.zeros((steps, batch), bool))
+  carry = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((batch,), bool), out)
 
-  def step(carry, i):
-    cache, logits, done, out = decode_step(params, *carry, i, rng, first_position, cfg, scfg, plen)
-    return (cache, logits, done), out
+  for start, end in blocks(steps, scfg.cache_block):
+    read = plen + end if scfg.cache_block > 0 else 0
 
-  # The last token needs no forward pass after it.
-  last = scfg.max_new_tokens - 1
-  init = (cache, logits, jnp.zeros((batch,), bool))
-  (_, logits, done), (tokens, logps, emitted) = jax.lax.scan(step, init, jnp.arange(last))
-  token, logp, emit_last, _ = _emit(logits, done, last, rng, scfg)
-  tokens = jnp.concatenate([tokens, token[None]], 0)
-  logps = jnp.concatenate([logps, logp[None]], 0)
-  emitted = jnp.concatenate([emitted, emit_last[None]], 0)
-  return SampleOutput(tokens.T, logps.T, emitted.sum(0).astype(jnp.int32))
+    def more(carry, end=end):
+      i, _, _, done, _ = carry
+      return (i < end) & ~(scfg.early_stop & done.all())
+
+    def step(carry, read=read):
+      i, cache, logits, done, out = carry
+      cache, logits, done, new = decode_step(params, cache, logits, done, i, rng, first_position,
+                                             cfg, scfg, plen, read)
+      return i + 1, cache, logits, done, tuple(o.at[i].set(n) for o, n in zip(out, new))
+
+    carry = jax.lax.while_loop(more, step, carry)
+  # The last token needs no forward pass after it. After an early stop every row is done, and
+  # this writes the padding that is already there.
+  i, _, logits, done, out = carry
+  new = _emit(logits, done, i, rng, scfg)[:3]
+  tokens, logps, emitted = (o.at[i].set(n) for o, n in zip(out, new))
+  return SampleOutput(tokens.T, logps.T, emitted.sum(0).astype(jnp.int32), i + 1)
+
+
+def _constrain_cache(cache: transformer.Cache) -> transformer.Cache:
+  """The KV cache split by rows and kv heads under the mesh the sampler runs in (a no-op
+  outside one), so it lives in the rollout layout."""
+  kv = ("batch", "kv_heads", "length", "head_dim")
+  return {"k": [rules.constrain(c, kv) for c in cache["k"]],
+          "v": [rules.constrain(c, kv) for c in cache["v"]],
+          "mask": rules.constrain(cache["mask"], ("batch", "length"))}

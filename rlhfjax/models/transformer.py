@@ -235,15 +235,18 @@ def init_cache(cfg: ModelConfig, batch: int, length: int) -> Cache:
 
 def forward(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Array | None = None,
             positions: jax.Array | None = None, cache: Cache | None = None,
-            cache_index: int | jax.Array = 0,
+            cache_index: int | jax.Array = 0, cache_read: int = 0,
             dropout_rng: jax.Array | None = None) -> tuple[jax.Array, Cache | None]:
   """Final hidden states [B,T,D] of `tokens`, and the updated cache if one was given.
 
   With a cache, the tokens occupy cache slots `cache_index .. cache_index + T - 1` and attend to
   every earlier real slot; `positions` must then be given (or derive from the cache's mask). The
   cached path unrolls the layers (a decode step is small), so each layer's cache stays its own buffer.
+  `cache_read` > 0 (static): attention reads only the first `cache_read` slots, which must hold
+  every slot written so far (a decode step reads the filled part of its cache, not all of it).
   """
-  hidden, cache, _ = _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng)
+  hidden, cache, _ = _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng,
+                              cache_read=cache_read)
   return hidden, cache
 
 
@@ -295,10 +298,10 @@ def prefill(params: Params, tokens: jax.Array, cfg: ModelConfig, *, mask: jax.Ar
 
 
 def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_rng, keep_kv=False,
-             segments=None):
+             segments=None, cache_read=0):
   """`forward`, and with `keep_kv` (no cache) also every layer's keys and values [L,B,T,KV,Dh].
   `segments` [T] (no cache): a key of segment s > 0 is seen only by queries of segment s; segment 0
-  by every later query (see forward_shared_prompt)."""
+  by every later query (see forward_shared_prompt). `cache_read`: see `forward`."""
   b, t = tokens.shape
   mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
   cache_index = jnp.asarray(cache_index, jnp.int32)
@@ -307,13 +310,14 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     if positions is None:
       positions = jax.lax.dynamic_slice_in_dim(positions_from_mask(key_mask), cache_index, t, 1)
     q_idx = cache_index + jnp.arange(t)
-    k_idx = jnp.arange(key_mask.shape[1])
+    read = cache_read or key_mask.shape[1]
+    k_idx = jnp.arange(read)
   else:
     key_mask = mask
     if positions is None:
       positions = positions_from_mask(mask)
     q_idx = k_idx = jnp.arange(t)
-  allowed = (k_idx[None, :] <= q_idx[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+  allowed = (k_idx[None, :] <= q_idx[:, None])[None] & key_mask[:, None, :len(k_idx)]  # [B,T,S]
   if segments is not None:
     allowed &= ((segments[None, :] == 0) | (segments[None, :] == segments[:, None]))[None]
 
@@ -340,12 +344,12 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
       h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, ad=ad_attn,
                   scale=scale, causal=True, packed=segments is not None)
       kv = (k, v) if keep_kv else None
-    else:  # Write this call's keys/values at their slots, then attend over the whole cache.
+    else:  # Write this call's keys/values at their slots, then attend over the slots read.
       start = (0, 0, cache_index, 0)
       kv = tuple(jax.lax.dynamic_update_slice(c, new.transpose(0, 2, 1, 3).astype(c.dtype), start)
                  for c, new in zip(kv, (k, v)))
-      h = _attend(p["attn"], q, *kv, allowed, cfg, r[0], heads_major=True, ad=ad_attn,
-                  scale=scale)
+      h = _attend(p["attn"], q, *(c[:, :, :allowed.shape[-1]] for c in kv), allowed, cfg, r[0],
+                  heads_major=True, ad=ad_attn, scale=scale)
     x = x + _dropout(h, cfg.dropout, r[1])
     x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
                      r[2])

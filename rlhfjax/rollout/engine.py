@@ -15,10 +15,17 @@ to [prompts, k].
 
 KL(π ‖ π_ref) is estimated on the policy's own samples at temperature T as the mean over samples of
 Σ_t log π(y_t | ·) − log π_ref(y_t | ·), both at T (the quantity PPO penalises).
+
+Sampling runs in the rollout layout (parallel/rollout.py, config block `rollout`): once per rollout
+the policy is copied into it (`rollout_params`: compute dtype, tensor parallel, no FSDP), sampled,
+and dropped; the KV cache lives there too. Batches come back to the trainer's layout when a step
+takes them. Each batch carries the sampler's own log-probs (`sampler_logprobs`), so the trainer can
+report how far its recomputation is from them and correct for it (truncated importance sampling).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -30,7 +37,13 @@ from rlhfjax.data import world
 from rlhfjax.models import policy
 from rlhfjax.models import reward
 from rlhfjax.models import sampling
+from rlhfjax.models import generate
+from rlhfjax.models import lora
+from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rules
+from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
@@ -38,9 +51,69 @@ from rlhfjax.training import metrics
 
 def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int = 0,
                     top_p: float = 1.0) -> sampling.SamplingConfig:
+  """The sampler's settings for a response of `format.response_len` tokens, with the rollout's
+  early stop and cache blocks (config block `rollout`)."""
+  r = exp.config.get("rollout", {})
   return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
                                  temperature=temperature, top_k=top_k, top_p=top_p,
-                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id)
+                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id,
+                                 early_stop=bool(r.get("early_stop", True)),
+                                 cache_block=int(r.get("cache_block", 0)))
+
+
+def _free_bytes() -> float | None:
+  """Bytes free on the first device beside what it holds now (90% of its limit, leaving XLA's
+  temporaries room), or None where the backend does not say (CPU)."""
+  stats = jax.local_devices()[0].memory_stats()
+  if not stats or "bytes_limit" not in stats:
+    return None
+  return 0.9 * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+
+
+def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layout, Parallel]:
+  """The rollout layout for batches of `rows` rows and the Parallel of its mesh: chosen the first
+  time a run samples batches of that size (with `mesh='auto'`, beside what the devices then hold:
+  the training state), said in one line, and kept for the rest of the run."""
+  if rows not in exp.rollouts:
+    length = exp.config.format.prompt_len + exp.config.format.response_len
+    devices = list(np.asarray(exp.parallel.mesh.devices).reshape(-1))
+    local = sum(d.process_index == devices[0].process_index for d in devices)
+    layout = rollout.choose(exp.config.get("rollout", {}), exp.model, dict(exp.parallel.mesh.shape),
+                            platform=devices[0].platform, fast_domain=local, rows=rows,
+                            length=length, free_bytes=_free_bytes())
+    exp.rollouts[rows] = (layout, Parallel(rollout.mesh(layout, exp.parallel.mesh)))
+    metrics.info(rollout.describe(layout, exp.model, rows, length))
+  return exp.rollouts[rows]
+
+
+def _axes(exp: experiment.Experiment, params: Any) -> Any:
+  """The logical axes of a policy tree (with its LoRA adapters, if it carries them)."""
+  base = transformer.param_axes(exp.model)
+  return lora.axes(base, exp.lora) if lora.has_adapters(params) else base
+
+
+def rollout_params(exp: experiment.Experiment, params: Any, rows: int) -> Any:
+  """The policy's weights in the rollout layout for batches of `rows` rows: a copy in the
+  layout's dtype and shardings (made once per rollout; a tree already there is returned as it
+  is). Drop it after the rollout."""
+  layout, par = rollout_layout(exp, rows)
+  return rollout.reshard(params, _axes(exp, params), layout, par.mesh)
+
+
+def _rows(par: Parallel, x: Any) -> Any:
+  """Token rows split over the rollout's replicas (replicated where they do not divide)."""
+  spec = rules.spec(("batch",) + (None,) * (np.ndim(x) - 1), np.shape(x), par.mesh)
+  return par.put(x, jax.sharding.NamedSharding(par.mesh, spec))
+
+
+def _sample(exp: experiment.Experiment, params: Any, prompt: Any, prompt_mask: Any,
+            rng: jax.Array, scfg: sampling.SamplingConfig, k: int) -> sampling.SampleOutput:
+  """`sampling.sample` in the rollout layout of `len(prompt) * k` rows."""
+  _, par = rollout_layout(exp, len(prompt) * k)
+  params = rollout_params(exp, params, len(prompt) * k)
+  with jax.set_mesh(par.mesh):
+    return sampling.sample(params, _rows(par, prompt), _rows(par, prompt_mask), rng, exp.model,
+                           scfg, k=k)
 
 
 def repeat_prompts(prompts: pipeline.Batch, k: int) -> pipeline.Batch:
@@ -51,14 +124,29 @@ def repeat_prompts(prompts: pipeline.Batch, k: int) -> pipeline.Batch:
 def sample_batch(params: Any, prompts: pipeline.Batch, rng: jax.Array, exp: experiment.Experiment,
                  temperature: float, top_k: int = 0, top_p: float = 1.0,
                  k: int = 1) -> pipeline.Batch:
-  """`k` sampled responses per prompt (padding after the first eos), with their prompts and the
-  response mask: a batch of `k` × prompts rows, each prompt's samples adjacent."""
-  out = sampling.sample(params, prompts["prompt"], prompts["prompt_mask"], rng, exp.model,
-                        sampling_config(exp, temperature, top_k, top_p), k=k)
+  """`k` sampled responses per prompt (padding after the first eos), with their prompts, the
+  response mask and the sampler's per-token log-probs (`sampler_logprobs`, 0 at padding): a batch
+  of `k` × prompts rows, each prompt's samples adjacent. `params` may be the trainer's (copied
+  into the rollout layout here) or `rollout_params`' copy."""
+  out = _sample(exp, params, prompts["prompt"], prompts["prompt_mask"], rng,
+                sampling_config(exp, temperature, top_k, top_p), k)
   prompts = repeat_prompts({"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"]}, k)
   mask = jnp.arange(out.tokens.shape[1])[None] < out.lengths[:, None]
   return {"prompt": prompts["prompt"], "prompt_mask": prompts["prompt_mask"],
-          "response": out.tokens, "response_mask": mask}
+          "response": out.tokens, "response_mask": mask, "sampler_logprobs": out.logprobs}
+
+
+def generate_split(exp: experiment.Experiment, params: Any, prompts: pipeline.Batch,
+                   rng: jax.Array, batch_size: int, temperature: float, top_k: int = 0,
+                   top_p: float = 1.0) -> dict[str, np.ndarray]:
+  """`generate.generate` (a response to every prompt, in fixed batches) in the rollout layout,
+  the policy copied into it once."""
+  scfg = sampling_config(exp, temperature, top_k, top_p)
+  _, par = rollout_layout(exp, batch_size)
+  params = rollout_params(exp, params, batch_size)
+  with jax.set_mesh(par.mesh):
+    return generate.generate(params, exp.model, scfg, prompts, rng, batch_size,
+                             place=functools.partial(_rows, par))
 
 
 def decode(exp: experiment.Experiment, response: Any) -> list[str]:
@@ -86,10 +174,12 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[wor
   texts, kls = [], []
   batches = metrics.progress(pipeline.fixed_batches(prompts, batch_size),
                              -(-len(examples) // batch_size), "sampling", "batch")
+  sampler = rollout_params(exp, params, batch_size)  # One copy for every batch.
   for i, (b, n) in enumerate(batches):
-    batch = sample_batch(params, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
+    batch = sample_batch(sampler, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
     texts += decode(exp, batch["response"])[:n]
     if ref_params is not None:
+      batch = {key: to_host(v) for key, v in batch.items() if key != "sampler_logprobs"}
       kls.append(to_host(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
   return texts, (np.concatenate(kls) if kls else None)
 

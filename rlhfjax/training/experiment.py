@@ -36,6 +36,8 @@ class Experiment:
   parallel: Parallel  # The Mesh every array of this run lives on (config.mesh).
   init_from: str = ""  # The pretrained checkpoint SFT starts from (`model.init_from`, resolved).
   lora: lora.LoraConfig = lora.LoraConfig()  # Adapters of the trained models (config `lora`).
+  # The rollout layouts chosen so far, by batch rows (rollout/engine.py: rollout_layout).
+  rollouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def task_dir(self, task: str) -> str:
     path = os.path.join(self.workdir, task)
