@@ -169,7 +169,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # for its k samples, and minibatches hold whole groups (False: rows shuffled and computed alone).
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
                 no_eos_score=-1.0, share_prompt=True,
-                # truncated_is (read by rloo and grpo): as ppo's; online DPO has no such term.
+                # truncated_is (rloo, grpo): as ppo's; online DPO refuses it (no such term).
                 truncated_is=False, tis_cap=2.0,
                 lr=3e-4, warmup_steps=0,
                 schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0,

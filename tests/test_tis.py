@@ -16,6 +16,7 @@ import pytest
 from rlhfjax import config_check
 from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import online
+from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import rloo
 from rlhfjax.errors import ConfigError
@@ -120,6 +121,9 @@ def test_the_knob_is_off_by_default_and_its_cap_at_least_one(tiny_config):
   tiny_config.grpo.tis_cap = 0.5
   with pytest.raises(ConfigError, match=r"grpo.tis_cap must be >= 1, got 0.5"):
     config_check.check(tiny_config)
+  tiny_config.online_dpo.truncated_is = True  # Its loss has no policy-gradient term to weight.
+  with pytest.raises(ConfigError, match="online_dpo.truncated_is"):
+    online_dpo.check_config(tiny_config.online_dpo)
 
 
 CFG = ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,

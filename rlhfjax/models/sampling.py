@@ -11,9 +11,9 @@ Two things keep decoding at the work it must do (`SamplingConfig`):
   ever emits padding with log-prob 0, which is what the skipped steps would have written.
 - `cache_block`: the decode steps run in blocks of this many tokens, and the steps of a block read
   the cache only up to the block's last slot (prompt plus the tokens decoded by then), not all
-  `prompt_len + max_new_tokens` slots from the first token on. Each block is its own loop with a
-  static read length (XLA needs static shapes), so the compiled program grows with the number of
-  blocks; 0 reads the whole cache at every step. Reading fewer (masked) slots changes results
+  `prompt_len + max_new_tokens` slots from the first token on (the last block reads them all). Each
+  block is its own loop with a static read length (XLA needs static shapes), so the compiled
+  program grows with the number of blocks; 0 reads the whole cache at every step. Reading fewer (masked) slots changes results
   only by the rounding of the softmax's sum.
 
 Log-probs are those of the sampled token under `log_softmax(logits / temperature)` *before* top-k /
@@ -152,8 +152,10 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
          jnp.zeros((steps, batch), bool))
   carry = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((batch,), bool), out)
 
-  for start, end in blocks(steps, scfg.cache_block):
-    read = plen + end if scfg.cache_block > 0 else 0
+  for _, end in blocks(steps, scfg.cache_block):
+    # The last block reads the whole cache (one slot more than it needs): one block is then
+    # exactly the unblocked loop.
+    read = plen + end if 0 < scfg.cache_block and end < steps - 1 else 0
 
     def more(carry, end=end):
       i, _, _, done, _ = carry

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from rlhfjax.data import pipeline
 from rlhfjax.data import world
@@ -63,11 +64,15 @@ def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int =
 
 def _free_bytes() -> float | None:
   """Bytes free on the first device beside what it holds now (90% of its limit, leaving XLA's
-  temporaries room), or None where the backend does not say (CPU)."""
+  temporaries room), or None where the backend does not say (CPU). Process 0's figure on every
+  process, so that all of them choose the same layout."""
   stats = jax.local_devices()[0].memory_stats()
   if not stats or "bytes_limit" not in stats:
     return None
-  return 0.9 * stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+  free = np.float64(0.9 * stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+  if jax.process_count() > 1:
+    free = multihost_utils.broadcast_one_to_all(free)
+  return float(free)
 
 
 def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layout, Parallel]:
