@@ -7,32 +7,50 @@ For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/t
 model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
 pipeline runs — the SFT, reward-model, DPO and PPO update steps, the PPO rollout's prefill and one
 decode step with its KV cache, best-of-N scoring — is lowered with the same shardings as training
-and compiled by XLA for that TPU. One row per step:
+and compiled by XLA for that TPU. The rollout's steps run in the rollout layout
+(parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it: the
+slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom` less
+the training state and the frozen models as the room it has; `rollout_reshard` is the copy of the
+policy into it, once per iteration (cast and resharding compiled as one program; none with
+`rollout.mesh='train'`, which samples from the trainer's layout and float32 weights). The decode
+step is the one of the last cache block (`rollout.cache_block`): it reads the most cache slots.
+One row per step:
 
 - per-chip bytes from XLA's `memory_analysis()`: arguments, temporaries, outputs (less what is
   donated), plus what stays resident in HBM while the step runs without being its argument (during
-  rollout: the reference, reward and value models and the optimizer state), against the chip's HBM
-  less `compile.headroom`: fits or not;
+  rollout: the training state, the reference and reward models), against the chip's HBM less
+  `compile.headroom`: fits or not;
 - the planner's estimate (`parallel/memory.py`) beside it;
+- the collectives of the compiled program, counted from its HLO (`collectives`): number and
+  result bytes per chip of its all-gathers, all-reduces, reduce-scatters, all-to-alls and
+  collective-permutes;
 - model FLOPs counted analytically (`models/flops.py`; XLA's cost analysis sees one layer of the
   scan), hardware FLOPs (plus what each trained model's remat policy recomputes: the whole
   forward of its layers for "full", their attention score matmuls for "dots" and "offload";
   `model.remat` and the `remat` block), and a roofline time: the largest of FLOPs / peak,
-  HBM bytes / HBM bandwidth and ICI bytes / ICI bandwidth (estimates below), whence MFU
-  (model FLOPs / (chips x peak x time)) and tokens/s;
+  HBM bytes / HBM bandwidth and ICI bytes / ICI bandwidth (below), whence MFU
+  (model FLOPs / (chips x peak x time)) and tokens/s; for the decode step also its HBM roofline
+  (the weights in the compute dtype and the filled cache, read once per token) and the ratio of
+  its time to it;
 - compile seconds.
 
-"ppo (whole step)" adds the rollout (prefill + response_len - 1 decode steps) to the update.
-With `mesh.auto` the (data, fsdp, tensor) shapes of the slice are ranked by the planner and the
-best `compile.auto_candidates` compiled; the fitting one with the shortest estimated time wins.
-Writes `<workdir>/compile/<topology>.json` and `.md`.
+"ppo (whole step)" = prefill + reshard + response_len - 1 decode steps (each block's steps reading
+the slots that block reads) + update. With `mesh.auto` the (data, fsdp, tensor) shapes of the
+slice are ranked by the planner and the best `compile.auto_candidates` compiled; the fitting one
+with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md`.
 
-HBM traffic (estimate): every argument read once, every output written once, every temporary
-written and read once, and the weights read once more for each further pass over them. ICI traffic
-(estimate, bytes each chip receives): with fsdp=f, each pass gathers (f-1)/f of the weights and the
-gradients are reduce-scattered; data parallel all-reduces the gradient shard; tensor parallel
-all-reduces two activations per layer and pass. The roofline assumes perfect overlap: real steps
-run slower (docs/tpu.md compares with MaxText's measured MFU).
+ICI traffic (bytes each chip receives) is counted from the compiled HLO: per collective, from its
+result bytes and replica group of n chips, ring algorithms: all-gather and all-to-all (n-1)/n of
+the result, all-reduce 2(n-1)/n, reduce-scatter (n-1) times, collective-permute the result; a
+while loop's collectives count its trip count times. Only a step XLA refuses (out of memory) falls
+back to the model: with fsdp=f, each pass gathers (f-1)/f of the weights and the gradients are
+reduce-scattered; data parallel all-reduces the gradient shard; tensor parallel all-reduces two
+activations per layer and pass. HBM traffic (estimate): for a decode step the weights as its
+argument holds them (gathered, written and read once more under fsdp), the cache slots it reads,
+one slot written and the logits; for the other steps every argument read once, every output
+written once, every temporary written and read once, and the weights read once more for each
+further pass over them. The roofline assumes perfect overlap: real steps run slower (docs/tpu.md
+compares with MaxText's measured MFU).
 """
 
 from __future__ import annotations
@@ -61,6 +79,7 @@ from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import memory
+from rlhfjax.parallel import rollout
 from rlhfjax.parallel import rules
 from rlhfjax.parallel import tpu
 from rlhfjax.parallel.mesh import AXES
@@ -76,6 +95,24 @@ _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 STEPS = ("sft", "rm", "dpo", "ppo_prefill", "ppo_decode", "ppo_update", "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
+RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+# Compiled HLO text: an instruction `%name = <result shape(s)> <collective>[-start|-done](...)`, a
+# computation's header `[ENTRY] %name (params) -> result {`, the computations an instruction calls.
+_OP = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ([^%=]+?) (" + "|".join(COLLECTIVES)
+                 + r")(-start|-done)?\((.*)$")
+_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+_INT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
+_GROUPS_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=")
+_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
 
 
 @dataclasses.dataclass
@@ -90,6 +127,15 @@ class Step:
   weight_passes: dict[str, tuple[int, bool]]  # Model -> (passes over its weights, trained).
   plan_bytes: int  # The planner's per-chip estimate (memory.plan), less `resident`.
   resident: int = 0  # Per-chip bytes held in HBM while it runs that are not its arguments.
+  mesh: Mesh | None = None  # The mesh it runs on (the rollout's); None: the trainer's.
+  layout: dict | None = None  # The rollout layout it runs in (shape, dtype, why).
+  # A decode step: the per-chip bytes one token must read of the weights (compute dtype) and of
+  # one cache slot (every layer's key and value), the slots its attention reads, and its HBM
+  # traffic (weights, the slots read, one slot written, logits in and out).
+  weights: float = 0.0
+  kv_slot: float = 0.0
+  cache_read: int = 0
+  hbm_bytes: float | None = None
 
 
 def model_config(config: Any) -> ModelConfig:
@@ -136,6 +182,107 @@ def _per_chip(tree: Any) -> int:
   return total
 
 
+def _shape_bytes(text: str) -> float:
+  """Bytes of the array shapes in `text` (`bf16[4096,14336]{1,0}`; a tuple counts every one)."""
+  total = 0.0
+  for dtype, dims in _SHAPE.findall(text):
+    digits = re.search(r"\d+", dtype)
+    bits = int(digits.group()) if digits else 8 if dtype == "pred" else 0
+    total += math.prod(int(d) for d in dims.split(",") if d) * bits / 8
+  return total
+
+
+def _group_size(text: str, devices: int) -> int:
+  """Chips in each replica group of a collective (all `devices` where the text does not say)."""
+  if m := _GROUPS_MESH.search(text):
+    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
+    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)))
+  if m := _GROUPS_IOTA.search(text):
+    return int(m.group(1).split(",")[-1])
+  if m := _GROUPS_LIST.search(text):
+    return len(m.group(1).split(","))
+  return devices
+
+
+def _received(kind: str, result: float, n: int) -> float:
+  """Bytes a chip receives in one collective with `result` bytes per chip over `n` chips (ring)."""
+  if kind == "all-reduce":
+    return 2 * result * (n - 1) / n
+  if kind == "reduce-scatter":
+    return result * (n - 1)
+  if kind == "collective-permute":
+    return result
+  return result * (n - 1) / n  # all-gather, all-to-all.
+
+
+def collectives(hlo: str, devices: int = 1) -> dict:
+  """The collectives one run of a compiled program (`compiled.as_text()`) executes on a chip:
+  per kind, their number, the bytes of their results and the largest result, and the bytes the
+  chip receives in all of them (`received`). An async pair counts once (its `-start`; the
+  `-done`'s result gives the bytes); one collective (one channel id) that the TPU compiler
+  copies into several fusions counts once; a while loop's body counts its trip count times:
+  XLA's known_trip_count, or else the bound its condition compares the counter with (the
+  largest integer constant there: a scan from 0)."""
+  ops: dict[str, list[dict]] = {}  # Computation -> its collectives.
+  calls: dict[str, list[tuple[str, Any]]] = {}  # Computation -> (callee, times or condition).
+  bounds: dict[str, int] = {}  # Computation -> its largest integer scalar constant.
+  entry = current = ""
+  for line in hlo.splitlines():
+    if not line.startswith((" ", "\t")):
+      if m := _HEADER.match(line):
+        current = m.group(2)
+        ops[current], calls[current] = [], []
+        entry = current if m.group(1) else entry
+      continue
+    if not current:
+      continue
+    if const := _INT.search(line):
+      bounds[current] = max(bounds.get(current, 0), int(const.group(1)))
+    trip: Any = 1
+    if " while(" in line:
+      known, cond = _TRIP.search(line), _CONDITION.search(line)
+      trip = int(known.group(1)) if known else cond.group(1) if cond else 1
+    calls[current] += [(c, trip) for c in _CALLS.findall(line)]
+    for group in _CALL_LISTS.findall(line):
+      calls[current] += [(c.strip().lstrip("%"), 1) for c in group.split(",") if c.strip()]
+    if not (m := _OP.match(line)):
+      continue
+    name, shape, kind, phase, rest = m.groups()
+    if phase == "-done":  # The result of the `-start` it names.
+      start = re.search(r"%([\w.\-]+)", rest)
+      for op in ops[current]:
+        if start and op["name"] == start.group(1):
+          op["bytes"] = _shape_bytes(shape)
+      continue
+    channel = _CHANNEL.search(rest)
+    ops[current].append({"name": name, "kind": kind, "bytes": _shape_bytes(shape),
+                         "key": channel.group(1) if channel else (current, name),
+                         "group": _group_size(rest, devices)})
+  times: dict[Any, tuple[dict, int]] = {}
+  seen = set()
+
+  def visit(comp: str, n: int) -> None:
+    if (comp, n) in seen:
+      return
+    seen.add((comp, n))
+    for op in ops.get(comp, []):
+      if n > times.get(op["key"], (op, 0))[1]:
+        times[op["key"]] = (op, n)
+    for callee, trip in calls.get(comp, []):
+      visit(callee, n * (trip if isinstance(trip, int) else max(bounds.get(trip, 1), 1)))
+
+  visit(entry, 1)
+  out = {k: {"count": 0, "bytes": 0.0, "largest": 0.0} for k in COLLECTIVES}
+  received = 0.0
+  for op, n in times.values():
+    row = out[op["kind"]]
+    row["count"] += n
+    row["bytes"] += n * op["bytes"]
+    row["largest"] = max(row["largest"], op["bytes"])
+    received += n * _received(op["kind"], op["bytes"], op["group"])
+  return {"ops": out, "received": received}
+
+
 def _recomputed(cfg: ModelConfig, batch: int, tokens: int) -> float:
   """FLOPs the backward pass of one training pass over `batch` sequences of `tokens` recomputes
   under `cfg.remat`: every layer's forward ("full"), only the attention score matmuls ("dots",
@@ -149,9 +296,12 @@ def _recomputed(cfg: ModelConfig, batch: int, tokens: int) -> float:
   return layers - 2 * batch * tokens * cfg.n_layers * flops.layer_matmul_params(cfg)
 
 
-def steps(config: Any, cfg: ModelConfig, par: Parallel,
-          names: Sequence[str] = STEPS) -> list[Step]:
-  """The pipeline's steps for `cfg` on `par`'s mesh, with abstract arguments."""
+def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = STEPS, *,
+          fast_domain: int = 1, hbm_usable: float | None = None) -> list[Step]:
+  """The pipeline's steps for `cfg` on `par`'s mesh, with abstract arguments. The rollout's
+  (prefill, decode and the copy into its layout) run in the layout `rollout.choose` picks for a
+  slice whose `fast_domain` chips share the fast interconnect, with `hbm_usable` bytes per chip
+  (None: unlimited)."""
   fmt = config.format
   p_len, r_len = fmt.prompt_len, fmt.response_len
   seq = p_len + r_len
@@ -230,38 +380,65 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel,
     b = c.rollout_batch
     everything = _per_chip((state, ref, reward))
   if "ppo_prefill" in ppo_names or "ppo_decode" in ppo_names:
+    # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
+    layout = rollout.choose(config.get("rollout", {}), cfg, dict(par.mesh.shape), platform="tpu",
+                            fast_domain=fast_domain, rows=b, length=seq,
+                            free_bytes=None if hbm_usable is None else hbm_usable - everything)
+    rpar = Parallel(rollout.mesh(layout, par.mesh))
+    trainer = state.params["policy"]
+    cast = functools.partial(rollout.cast, dtype=layout.dtype)
+    policy = rpar.abstract(jax.eval_shape(cast, trainer),
+                           rollout.shardings(transformer.param_axes(cfg), trainer, rpar.mesh))
+    policy_sh = jax.tree.map(lambda x: x.sharding, policy)
+    # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
+    same = all(a.dtype == r.dtype and a.sharding == r.sharding
+               for a, r in zip(jax.tree.leaves(trainer), jax.tree.leaves(policy)))
+    resident = everything - (_per_chip(trainer) if same else 0)
+    where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
     cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
-    cache_sh = _cache_shardings(par, cache)
-    logits_sh = NamedSharding(par.mesh, rules.spec(("batch", "vocab"), (b, cfg.vocab_size),
-                                                   par.mesh))
-    policy_sh = sh.params["policy"]
-    resident = everything - _per_chip(state.params["policy"])
+    cache_sh = _cache_shardings(rpar, cache)
+    logits_sh = NamedSharding(rpar.mesh, rules.spec(("batch", "vocab"), (b, cfg.vocab_size),
+                                                    rpar.mesh))
+    if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
+      fn = jax.jit(cast, in_shardings=(sh.params["policy"],), out_shardings=policy_sh)
+      out.append(Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, _per_chip(policy), everything,
+                      rpar.mesh, where))
   if "ppo_prefill" in ppo_names:
-    fn = par.jit(functools.partial(sampling.prefill, cfg=cfg, max_new_tokens=r_len),
-                 (policy_sh, par.batch, par.batch), (cache_sh, logits_sh))
-    prompts = _tokens(par, b, {"prompt": p_len})
+    fn = rpar.jit(functools.partial(sampling.prefill, cfg=cfg, max_new_tokens=r_len),
+                  (policy_sh, rpar.batch, rpar.batch), (cache_sh, logits_sh))
+    prompts = _tokens(rpar, b, {"prompt": p_len})
     f = flops.forward(cfg, b, p_len, logit_tokens=1)
     # The prompt's keys and values of every layer, then the padded cache built from them.
     planned = plan(b, 1, p_len)["forward_step"] + 2 * plan(b, 1)["kv_cache"]
-    out.append(Step("ppo_prefill", fn, (state.params["policy"], prompts["prompt"],
-                                        prompts["prompt_mask"]), f, f, b * p_len,
-                    {"policy": (1, False)}, planned, resident))
+    out.append(Step("ppo_prefill", fn, (policy, prompts["prompt"], prompts["prompt_mask"]), f, f,
+                    b * p_len, {"policy": (1, False)}, planned, resident, rpar.mesh, where))
   if "ppo_decode" in ppo_names:
-    # Token ids only enter as values: any eos/pad compiles to the same program.
+    # Token ids only enter as values: any eos/pad compiles to the same program. The step of the
+    # last cache block: it reads the most slots (the worst case; `whole_ppo` scales the others).
     scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=2, pad_id=0,
                                    temperature=c.temperature)
-    rows = NamedSharding(par.mesh, rules.spec(("batch",), (b,), par.mesh))
-    fn = par.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len),
-                 (policy_sh, cache_sh, logits_sh, rows, par.replicated, par.replicated, rows),
-                 (cache_sh, logits_sh, rows, (rows, rows, rows)), (1,))
+    read = 0  # The last block reads every slot (sampling.blocks).
+    rows = NamedSharding(rpar.mesh, rules.spec(("batch",), (b,), rpar.mesh))
+    fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len,
+                                    cache_read=read),
+                  (policy_sh, cache_sh, logits_sh, rows, rpar.replicated, rpar.replicated, rows),
+                  (cache_sh, logits_sh, rows, (rows, rows, rows)), (1,))
     abstract = lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
-    args = (state.params["policy"], par.abstract(cache, cache_sh),
-            abstract((b, cfg.vocab_size), jnp.float32, logits_sh), abstract((b,), jnp.bool_, rows),
-            abstract((), jnp.int32, par.replicated), key, abstract((b,), jnp.int32, rows))
-    f = flops.forward(cfg, b, 1, keys=seq)
+    kv = rpar.abstract(cache, cache_sh)
+    logits = abstract((b, cfg.vocab_size), jnp.float32, logits_sh)
+    args = (policy, kv, logits, abstract((b,), jnp.bool_, rows),
+            abstract((), jnp.int32, rpar.replicated), _key(rpar),
+            abstract((b,), jnp.int32, rows))
+    f = flops.forward(cfg, b, 1, keys=read or seq)
     planned = plan(b, 1)
+    # Weights as the matmuls read them; under fsdp they are gathered, written and read again.
+    weights = rollout.weight_bytes(cfg, layout.tensor, cfg.dtype)
+    kv_slot = _per_chip({"k": kv["k"], "v": kv["v"]}) / seq
+    hbm = (_per_chip(policy) + (2 * weights if layout.fsdp > 1 else 0)
+           + kv_slot * ((read or seq) + 1) + 2 * _per_chip(logits))
     out.append(Step("ppo_decode", fn, args, f, f, b, {"policy": (1, False)},
-                    planned["params"] + planned["kv_cache"], resident))
+                    planned["params"] + planned["kv_cache"], resident, rpar.mesh, where,
+                    weights, kv_slot, read or seq, hbm))
   if "ppo_update" in ppo_names:
     policy_cfg, value_cfg = exp.model_for("policy"), exp.model_for("value")
     fn = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
@@ -338,11 +515,14 @@ def _ici_bytes(step: Step, cfg: ModelConfig, mesh: Mesh) -> float:
 def analyse(step: Step, cfg: ModelConfig, par: Parallel, chip: tpu.Chip, headroom: float) -> dict:
   """Compiles `step` and returns its row: XLA's bytes, fit, FLOPs, roofline, MFU, tokens/s."""
   t0 = time.perf_counter()
-  error = ""
+  error, counted = "", None
+  mesh = step.mesh or par.mesh
   try:
-    m = step.fn.lower(*step.args).compile().memory_analysis()
+    compiled = step.fn.lower(*step.args).compile()
+    m = compiled.memory_analysis()
     args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
     outs, alias = int(m.output_size_in_bytes), int(m.alias_size_in_bytes)
+    counted = collectives(compiled.as_text(), mesh.size)
   except jax.errors.JaxRuntimeError as e:  # XLA refuses a program that exceeds the chip's HBM.
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -352,41 +532,69 @@ def analyse(step: Step, cfg: ModelConfig, par: Parallel, chip: tpu.Chip, headroo
     temps = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else 0
   seconds = time.perf_counter() - t0
   total = args + temps + outs - alias + step.resident
-  chips = par.mesh.size
-  weights = _weight_bytes(cfg, par.mesh)
+  chips = mesh.size
+  weights = _weight_bytes(cfg, mesh)
   extra_passes = sum(p for p, _ in step.weight_passes.values()) - len(step.weight_passes)
-  hbm = args + outs + 2 * temps + extra_passes * weights
-  ici = _ici_bytes(step, cfg, par.mesh)
+  hbm = (args + outs + 2 * temps + extra_passes * weights if step.hbm_bytes is None
+         else step.hbm_bytes)
+  ici = counted["received"] if counted else _ici_bytes(step, cfg, mesh)
   times = {"compute_s": step.hardware_flops / chips / chip.peak_flops,
            "hbm_s": hbm / chip.hbm_bandwidth, "ici_s": ici / chip.ici_bandwidth}
   est = max(times.values())
   usable = chip.hbm_bytes * (1 - headroom)
-  return {"step": step.name, "arguments": args, "temporaries": temps, "outputs": outs - alias,
+  decode = {}
+  if step.kv_slot:  # What a token must read: the weights and the filled cache.
+    roofline = (step.weights + step.kv_slot * step.cache_read) / chip.hbm_bandwidth
+    decode = {"cache_read": step.cache_read, "weights_bytes": step.weights,
+              "kv_slot_bytes": step.kv_slot, "hbm_roofline_s": roofline,
+              "roofline_ratio": est / roofline}
+  return {"step": step.name, "layout": step.layout, "arguments": args, "temporaries": temps,
+          "outputs": outs - alias,
           "resident": step.resident, "per_chip": total, "plan": step.plan_bytes + step.resident,
           "hbm": chip.hbm_bytes, "fits": not error and total <= usable, "headroom": usable - total,
           "xla_error": error,
           "model_flops": step.model_flops, "hardware_flops": step.hardware_flops,
-          "hbm_bytes": hbm, "ici_bytes": ici, **times, "time_s": est,
+          "hbm_bytes": hbm, "ici_bytes": ici, "ici_counted": counted is not None,
+          "collectives": counted["ops"] if counted else None, **times, **decode, "time_s": est,
           "bound": max(times, key=times.get)[:-2],
-          "mfu": step.model_flops / (chips * chip.peak_flops * est),
-          "tokens_per_s": step.tokens / est, "compile_s": seconds}
+          "mfu": step.model_flops / (chips * chip.peak_flops * est) if est else 0.0,
+          "tokens_per_s": step.tokens / est if est else 0.0, "compile_s": seconds}
 
 
-def whole_ppo(rows: dict[str, dict], config: Any, chips: int, chip: tpu.Chip) -> dict | None:
-  """The PPO iteration: prefill, response_len - 1 decode steps and the update."""
+def whole_ppo(rows: dict[str, dict], config: Any, cfg: ModelConfig, chips: int,
+              chip: tpu.Chip) -> dict | None:
+  """The PPO iteration: prefill, the copy into the rollout layout (if any), response_len - 1
+  decode steps and the update. Each decode step's HBM bytes are the compiled (last-block) step's
+  with the cache slots its block reads; its roofline reads the weights and the filled cache."""
   if not all(k in rows for k in ("ppo_prefill", "ppo_decode", "ppo_update")):
     return None
-  parts = {"ppo_prefill": 1, "ppo_decode": config.format.response_len - 1, "ppo_update": 1}
-  est = sum(n * rows[k]["time_s"] for k, n in parts.items())
-  model = sum(n * rows[k]["model_flops"] for k, n in parts.items())
-  seq = config.format.prompt_len + config.format.response_len
+  p_len, r_len = config.format.prompt_len, config.format.response_len
+  d, b = rows["ppo_decode"], config.ppo.rollout_batch
+  block = int(config.get("rollout", {}).get("cache_block", 0))
+  decode_s = roofline_s = 0.0
+  for start, end, read in sampling.blocks(p_len, r_len, block):
+    read = read or p_len + r_len
+    hbm = d["hbm_bytes"] + d["kv_slot_bytes"] * (read - d["cache_read"])
+    decode_s += (end - start) * max(d["compute_s"], hbm / chip.hbm_bandwidth, d["ici_s"])
+    filled = (end - start) * (p_len + (start + end + 1) / 2)  # Slots p_len + i + 1 summed.
+    roofline_s += ((end - start) * d["weights_bytes"] + d["kv_slot_bytes"] * filled)
+  roofline_s /= chip.hbm_bandwidth
+  parts = [k for k in ("ppo_prefill", RESHARD, "ppo_update") if k in rows]
+  rollout_s = decode_s + sum(rows[k]["time_s"] for k in parts if k != "ppo_update")
+  est = rollout_s + rows["ppo_update"]["time_s"]
+  # Decode FLOPs are linear in the keys read: (r_len - 1) steps at the mean filled length.
+  model = (rows["ppo_prefill"]["model_flops"] + rows["ppo_update"]["model_flops"]
+           + (r_len - 1) * flops.forward(cfg, b, 1, keys=p_len + r_len / 2))
+  parts.append("ppo_decode")
   return {"step": WHOLE_PPO, "per_chip": max(rows[k]["per_chip"] for k in parts),
           "plan": max(rows[k]["plan"] for k in parts), "hbm": chip.hbm_bytes,
           "fits": all(rows[k]["fits"] for k in parts),
           "headroom": min(rows[k]["headroom"] for k in parts), "model_flops": model,
           "time_s": est, "mfu": model / (chips * chip.peak_flops * est),
-          "tokens_per_s": config.ppo.rollout_batch * seq / est,
-          "rollout_share": 1 - rows["ppo_update"]["time_s"] / est,
+          "tokens_per_s": b * (p_len + r_len) / est, "rollout_s": rollout_s,
+          "decode_s": decode_s, "decode_roofline_s": roofline_s,
+          "roofline_ratio": decode_s / roofline_s if roofline_s else 1.0,
+          "rollout_share": rollout_s / est,
           "compile_s": sum(rows[k]["compile_s"] for k in parts)}
 
 
@@ -424,6 +632,7 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
   chip, _ = tpu.parse(topology)
   devices = tpu.devices(topology)
   headroom = float(config.compile.headroom)
+  where = {"fast_domain": len(devices), "hbm_usable": chip.hbm_bytes * (1 - headroom)}
   candidates = []
   if config.mesh.get("auto", False):
     shapes = mesh_candidates(config, cfg, len(devices))
@@ -433,7 +642,7 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
     # Rank by the planner (nothing compiled), then compile the best few for real.
     for shape in shapes:
       par = Parallel(topology_mesh(devices, shape))
-      planned = max(s.plan_bytes + s.resident for s in steps(config, cfg, par, names))
+      planned = max(s.plan_bytes + s.resident for s in steps(config, cfg, par, names, **where))
       candidates.append({"mesh": shape, "plan": planned})
     # Planned to fit first, widest data parallelism (least communication) first among those;
     # then the nearest misses (the plan is an estimate: a near miss may fit).
@@ -441,13 +650,13 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
     candidates.sort(key=lambda c: (c["plan"] > usable, 0 if c["plan"] > usable else
                                    -c["mesh"]["data"] * c["mesh"]["fsdp"], c["plan"]))
     for cand in candidates[:int(config.compile.auto_candidates)]:
-      cand.update(_compile_all(config, cfg, cand["mesh"], devices, chip, headroom, names))
+      cand.update(_compile_all(config, cfg, cand["mesh"], devices, chip, headroom, names, where))
     compiled = [c for c in candidates if "rows" in c]
     fitting = [c for c in compiled if c["fits"]] or compiled
     best = min(fitting, key=lambda c: (not c["fits"], c["time_s"]))
   else:
     best = _compile_all(config, cfg, _resolve_mesh(config, devices), devices, chip, headroom,
-                        names)
+                        names, where)
   par = Parallel(topology_mesh(devices, best["mesh"]))
   exp = _experiment(config, cfg, par)
   return {"topology": topology, "chip": dataclasses.asdict(chip), "chips": len(devices),
@@ -460,15 +669,28 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
 
 
 def _compile_all(config: Any, cfg: ModelConfig, shape: dict[str, int], devices: Sequence[Any],
-                 chip: tpu.Chip, headroom: float, names: Sequence[str]) -> dict:
+                 chip: tpu.Chip, headroom: float, names: Sequence[str], where: dict) -> dict:
   par = Parallel(topology_mesh(devices, shape))
-  rows = {s.name: analyse(s, cfg, par, chip, headroom) for s in steps(config, cfg, par, names)}
-  whole = whole_ppo(rows, config, par.mesh.size, chip)
+  rows = {s.name: analyse(s, cfg, par, chip, headroom)
+          for s in steps(config, cfg, par, names, **where)}
+  whole = whole_ppo(rows, config, cfg, par.mesh.size, chip)
   if whole:
     rows[WHOLE_PPO] = whole
-  timed = [r for k, r in rows.items() if k not in ("ppo_prefill", "ppo_decode", "ppo_update")]
+  rollout_parts = ("ppo_prefill", "ppo_decode", "ppo_update", RESHARD)
+  timed = [r for k, r in rows.items() if k not in rollout_parts]
   return {"mesh": shape, "rows": rows, "fits": all(r["fits"] for r in rows.values()),
           "time_s": sum(r["time_s"] for r in timed)}
+
+
+def _collectives_cell(ops: dict | None) -> str:
+  """`AG 290: 14.02` (all-gathers: count, GiB of results per chip), ... for the kinds present;
+  `model` where nothing was compiled (the ICI estimate is then analytic)."""
+  if ops is None:
+    return "model"
+  short = {"all-gather": "AG", "all-reduce": "AR", "reduce-scatter": "RS", "all-to-all": "A2A",
+           "collective-permute": "CP"}
+  return ", ".join(f"{short[k]} {v['count']}: {v['bytes'] / 2**30:.2f}" for k, v in ops.items()
+                   if v["count"]) or "none"
 
 
 def format_report(report: dict) -> str:
@@ -478,18 +700,26 @@ def format_report(report: dict) -> str:
   lines = [f"{report['topology']}: {report['chips']} x TPU {chip['name']} "
            f"({chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {gib(chip['hbm_bytes'])} GiB HBM "
            f"each), mesh {report['mesh']}, {report['param_count'] / 1e9:.3f}B parameters",
-           "remat: " + ", ".join(f"{role} {r}" for role, r in report["remat"].items()),
-           "",
-           "| step | args GiB | temp GiB | out GiB | resident GiB | per chip GiB | plan GiB | fits "
-           "| model TFLOP | time ms | bound | MFU | tokens/s | compile s |",
-           "|---|" + "---:|" * 13]
+           "remat: " + ", ".join(f"{role} {r}" for role, r in report["remat"].items())]
+  layout = next((r["layout"] for r in report["rows"].values() if r.get("layout")), None)
+  if layout:
+    lines.append(f"rollout layout: data={layout['data']} fsdp={layout['fsdp']} "
+                 f"tensor={layout['tensor']}, weights in {layout['dtype']} ({layout['reason']})")
+  lines += ["",
+            "| step | args GiB | temp GiB | out GiB | resident GiB | per chip GiB | plan GiB "
+            "| fits | collectives: count GiB/chip | model TFLOP | time ms | bound "
+            "| x HBM roofline | MFU | tokens/s | compile s |",
+            "|---|" + "---:|" * 7 + "---|" + "---:|" * 7]
   for r in report["rows"].values():
     cell = lambda k: gib(r[k]) if k in r else ""
     fit = ("yes" if r["fits"] else "**no**") + f" ({gib(r['headroom'])} free)"
+    ratio = f"{r['roofline_ratio']:.2f}" if "roofline_ratio" in r else ""
+    moved = _collectives_cell(r["collectives"]) if "collectives" in r else ""
     lines.append(f"| {r['step']} | {cell('arguments')} | {cell('temporaries')} | "
                  f"{cell('outputs')} | {cell('resident')} | {gib(r['per_chip'])} | "
-                 f"{gib(r['plan'])} | {fit} | {r['model_flops'] / 1e12:.1f} | "
-                 f"{r['time_s'] * 1e3:.2f} | {r.get('bound', '')} | {100 * r['mfu']:.1f}% | "
+                 f"{gib(r['plan'])} | {fit} | {moved} | "
+                 f"{r['model_flops'] / 1e12:.1f} | {r['time_s'] * 1e3:.2f} | "
+                 f"{r.get('bound', '')} | {ratio} | {100 * r['mfu']:.1f}% | "
                  f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} |")
   if report["candidates"]:
     lines += ["", "mesh.auto candidates (planner's per-chip GiB; compiled ones with XLA's fit and "

@@ -1,6 +1,7 @@
 """task=compile: every step compiled for TPU slices on this CPU host (libtpu, no TPU), fit and
-no-fit reported from XLA, analytic FLOPs against XLA's count of an unscanned model, mesh.auto,
-slice names, and a silent libtpu."""
+no-fit reported from XLA, the rollout in its own layout (no weights gathered per token), the
+collectives counted from the HLO, analytic FLOPs against XLA's count of an unscanned model,
+mesh.auto, slice names, and a silent libtpu."""
 
 import functools
 import json
@@ -39,8 +40,10 @@ def tiny_llama(**mesh):
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-  """The tiny LLaMA compiled on a v5e and a v4 slice for every step (compiled once)."""
+  """The tiny LLaMA (bfloat16 compute) compiled on a v5e and a v4 slice for every step (compiled
+  once)."""
   c = tiny_llama()
+  c.model.dtype = "bfloat16"
   c.compile.topology = "v5e:2x2,v4:2x2x1"
   workdir = str(tmp_path_factory.mktemp("compile"))
   return compile_task.run(c, workdir), workdir
@@ -52,11 +55,13 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
   for topology, chip in (("v5e:2x2", "v5e"), ("v4:2x2x1", "v4")):
     r = out[topology]
     assert r["chips"] == 4 and r["chip"]["name"] == chip and r["mesh"]["fsdp"] == 4
-    assert set(r["rows"]) == set(compile_task.STEPS) | {compile_task.WHOLE_PPO}
+    assert set(r["rows"]) == set(compile_task.STEPS) | {compile_task.WHOLE_PPO,
+                                                         compile_task.RESHARD}
     for name, row in r["rows"].items():
-      assert row["fits"] and row["per_chip"] > 0, (topology, name)
-      assert 0 < row["mfu"] <= 1 and row["time_s"] > 0 and row["tokens_per_s"] > 0
-      assert row["model_flops"] > 0 and row["headroom"] > 0
+      assert row["fits"] and row["per_chip"] > 0 and row["time_s"] > 0, (topology, name)
+      if name != compile_task.RESHARD:  # A copy: no model FLOPs, no tokens.
+        assert 0 < row["mfu"] <= 1 and row["tokens_per_s"] > 0 and row["model_flops"] > 0
+      assert row["headroom"] > 0
     rows = r["rows"]
     # The rollout steps carry the other models and the optimizer state as resident bytes.
     assert rows["ppo_decode"]["resident"] > 0 and rows["sft"]["resident"] == 0
@@ -67,6 +72,115 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
     with open(os.path.join(workdir, "compile", f"{name}.md"), encoding="utf-8") as f:
       text = f.read()
     assert "| ppo_decode |" in text and f"TPU {chip}" in text
+
+
+def _smallest_weight_bytes(cfg: ModelConfig) -> float:
+  """Bytes of the smallest per-layer matmul weight in bfloat16, split 4 ways: anything an
+  all-gather of a weight returns on 4 chips is at least this large."""
+  return 2 * min(cfg.d_model * cfg.n_kv_heads * cfg.dim_per_head, cfg.d_model * cfg.d_ff) / 4
+
+
+def _fsdp_split(tree) -> bool:
+  return any("fsdp" in jax.tree.leaves(tuple(x.sharding.spec)) for x in jax.tree.leaves(tree))
+
+
+@needs_libtpu
+def test_rollout_decodes_without_gathering_weights(reports, tmp_path):
+  """Under fsdp=4 the trainer gathers weights (SFT, PPO update); the rollout's copy (bf16, tensor
+  parallel on one host, no fsdp) decodes without gathering any, counted in the compiled HLO.
+  rollout.mesh='train' keeps the old decode: the trainer's float32 weights gathered every token."""
+  rows = reports[0]["v5e:2x2"]["rows"]
+  c = tiny_llama()
+  c.model.dtype = "bfloat16"
+  cfg = compile_task.model_config(c)
+  weight = _smallest_weight_bytes(cfg)
+  for name in ("sft", "ppo_update"):
+    gathers = rows[name]["collectives"]["all-gather"]
+    assert gathers["count"] >= cfg.n_layers and gathers["largest"] >= weight, name
+  decode = rows["ppo_decode"]
+  assert decode["layout"]["fsdp"] == 1 and decode["layout"]["dtype"] == "bfloat16"
+  assert decode["collectives"]["all-gather"]["largest"] < weight
+  assert decode["ici_counted"] and decode["cache_read"] > 0
+  assert rows[compile_task.RESHARD]["ici_bytes"] > 0
+  whole = rows[compile_task.WHOLE_PPO]
+  assert whole["decode_roofline_s"] <= whole["decode_s"] < whole["rollout_s"] < whole["time_s"]
+  # The steps' arguments, as task=compile lowers them.
+  devices = tpu.devices("v5e:2x2")
+  par = compile_task.Parallel(compile_task.topology_mesh(devices, reports[0]["v5e:2x2"]["mesh"]))
+  built = {s.name: s for s in compile_task.steps(c, cfg, par, ("sft", "ppo_decode", "ppo_update"),
+                                                 fast_domain=4)}
+  assert _fsdp_split(built["sft"].args[0].params)
+  assert _fsdp_split(built["ppo_update"].args[0].params)
+  policy = built["ppo_decode"].args[0]
+  assert not _fsdp_split(policy)
+  matmuls = [x for path, x in jax.tree_util.tree_leaves_with_path(policy)
+             if "norm" not in jax.tree_util.keystr(path)]  # Norm scales keep float32.
+  assert {x.dtype for x in matmuls} == {jnp.dtype(jnp.bfloat16)}
+  # Before: the trainer's layout.
+  c.rollout.mesh = "train"
+  c.compile.update(topology="v5e:2x2", steps="ppo_decode")
+  before = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]
+  assert compile_task.RESHARD not in before
+  assert before["ppo_decode"]["collectives"]["all-gather"]["largest"] >= weight
+  assert before["ppo_decode"]["layout"]["dtype"] == "float32"
+
+
+def test_collectives_are_counted_from_hlo_text():
+  """Async pairs once (bytes from the -done), one channel copied into two fusions once, a while
+  body times its trip count (XLA's, or the bound in its condition), tuples every element; bytes
+  received by ring algorithms."""
+  hlo = """HloModule m, entry_computation_layout={(f32[1024]{0})->f32[1024]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+%body (p: bf16[8,16]) -> bf16[8,64] {
+  %ag.3 = bf16[8,64]{1,0} all-gather(bf16[8,16]{1,0} %x), channel_id=3, IOTA
+}
+
+%cond2 (p: s32[]) -> pred[] {
+  %constant.5 = s32[]{:T(128)} constant(12)
+  ROOT %lt = pred[]{:T(512)} compare(%p, %constant.5), direction=LT
+}
+
+%body2 (p: f32[16]) -> f32[16] {
+  %ar.8 = f32[16]{0} all-reduce(f32[16]{0} %p), channel_id=8, GROUP, to_apply=%add
+}
+
+%fused_a (x: bf16[4096,1024]) -> bf16[4096,4096] {
+  ROOT %all-gather.1 = bf16[4096,4096]{1,0:T(8,128)(2,1)} all-gather(%x), channel_id=1, MESH
+}
+
+%fused_b (x: bf16[4096,1024]) -> bf16[4096,4096] {
+  ROOT %all-gather.2 = bf16[4096,4096]{1,0:T(8,128)(2,1)} all-gather(%x), channel_id=1, MESH
+}
+
+ENTRY %main (p0: bf16[4096,1024]) -> f32[1024] {
+  %f1 = bf16[4096,4096]{1,0} fusion(%p0), kind=kCustom, calls=%fused_a
+  %f2 = bf16[4096,4096]{1,0} fusion(%p0), kind=kCustom, calls=%fused_b
+  %ars = f32[1024]{0} all-reduce-start(f32[1024]{0} %y), channel_id=2, GROUP, to_apply=%add
+  %ard = f32[1024]{0} all-reduce-done(f32[1024]{0} %ars)
+  %ags = (bf16[2,8]{1,0}, bf16[8,8]{1,0}) all-gather-start(%z), channel_id=5, IOTA
+  %agd = bf16[8,8]{1,0} all-gather-done((bf16[2,8]{1,0}, bf16[8,8]{1,0}) %ags)
+  %w = (s32[], bf16[8,16]) while(%t), condition=%cond, body=%body, TRIP
+  %w2 = (s32[], f32[16]) while(%t2), condition=%cond2, body=%body2
+  %rs = (f32[256]{0}, f32[256]{0}) reduce-scatter(%a, %b), channel_id=6, GROUP, to_apply=%add
+  ROOT %cp = u32[16]{0} collective-permute(%q), channel_id=7, source_target_pairs={{0,1},{1,0}}
+}
+""".replace("MESH", "replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'}").replace(
+      "GROUP", "replica_groups={{0,1,2,3}}").replace("IOTA", "replica_groups=[1,4]<=[4]").replace(
+          "TRIP", 'backend_config={"known_trip_count":{"n":"32"}}')
+  out = compile_task.collectives(hlo, devices=4)
+  ops = out["ops"]
+  assert ops["all-gather"] == {"count": 1 + 1 + 32, "bytes": 4096 * 4096 * 2 + 8 * 8 * 2
+                               + 32 * 8 * 64 * 2, "largest": 4096 * 4096 * 2}
+  assert ops["all-reduce"]["count"] == 1 + 12 and ops["all-reduce"]["bytes"] == 4096 + 12 * 64
+  assert ops["reduce-scatter"] == {"count": 1, "bytes": 2048, "largest": 2048}
+  assert ops["collective-permute"]["bytes"] == 64 and ops["all-to-all"]["count"] == 0
+  gathered = (4096 * 4096 * 2 + 128 + 32 * 1024) * 3 / 4
+  reduced = 2 * (4096 + 12 * 64) * 3 / 4
+  assert out["received"] == pytest.approx(gathered + reduced + 2048 * 3 + 64)
 
 
 @needs_libtpu

@@ -50,9 +50,9 @@ def test_early_stop_equals_the_full_length_loop(seed, k, every_row_ends):
 
 
 def test_cache_blocks_read_the_filled_cache_only_and_sample_the_same():
-  assert sampling.blocks(24, 0) == [(0, 23)]
-  assert sampling.blocks(24, 10) == [(0, 10), (10, 20), (20, 23)]
-  assert sampling.blocks(1, 8) == []
+  assert sampling.blocks(5, 24, 0) == [(0, 23, 0)]  # 0: every slot.
+  assert sampling.blocks(5, 24, 10) == [(0, 10, 15), (10, 20, 25), (20, 23, 0)]
+  assert sampling.blocks(5, 1, 8) == []
   full = _sample(FULL, 0)
   blocked = _sample(dataclasses.replace(FULL, cache_block=5), 0)
   np.testing.assert_array_equal(blocked.tokens, full.tokens)
@@ -82,6 +82,12 @@ def test_choose_layout():
   wide = choose({}, free=(need4 + need8) / 2)  # Widened until it fits.
   assert (wide.data, wide.tensor) == (1, 8) and "widened" in wide.reason
   assert "does not fit" in choose({}, free=need8 / 2).reason
+  # One kv head: past tensor=1 every device holds its rows' whole cache, and more rows per replica
+  # as tensor grows; with a long cache that outweighs the weights saved.
+  one_kv = rollout.choose({}, dataclasses.replace(big, n_kv_heads=1), {"data": 8, "fsdp": 1,
+                                                                       "tensor": 1},
+                          platform="gpu", fast_domain=8, rows=64, length=4096, free_bytes=None)
+  assert one_kv.tensor == 1 and "fewest bytes" in one_kv.reason
   train = choose({"mesh": "train", "dtype": "auto"})
   assert (train.data, train.fsdp, train.tensor, train.dtype) == (1, 8, 1, "float32")
   explicit = choose({"mesh": "data=-1,tensor=2", "dtype": "float32"})

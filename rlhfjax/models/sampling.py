@@ -125,12 +125,15 @@ def decode_step(params, cache: transformer.Cache, logits: jax.Array, done: jax.A
   return cache, transformer.lm_logits(params, hidden[:, 0], cfg), done, (token, logp, emitted)
 
 
-def blocks(max_new_tokens: int, cache_block: int) -> list[tuple[int, int]]:
+def blocks(prompt_len: int, max_new_tokens: int, cache_block: int) -> list[tuple[int, int, int]]:
   """The decode steps (those with a forward pass: all but the last token) in blocks
-  [start, end) of `cache_block` steps (0: one block)."""
+  (start, end, slots read) of `cache_block` steps (0: one block); a block reads the cache up to
+  its last step's slot, the last block all `prompt_len + max_new_tokens` slots (one more than it
+  needs: one block is then exactly the unblocked loop)."""
   last = max_new_tokens - 1
   size = cache_block if cache_block > 0 else max(last, 1)
-  return [(s, min(s + size, last)) for s in range(0, last, size)]
+  return [(s, min(s + size, last), prompt_len + s + size if s + size < last else 0)
+          for s in range(0, last, size)]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "scfg", "k"))
@@ -152,10 +155,7 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
          jnp.zeros((steps, batch), bool))
   carry = (jnp.zeros((), jnp.int32), cache, logits, jnp.zeros((batch,), bool), out)
 
-  for _, end in blocks(steps, scfg.cache_block):
-    # The last block reads the whole cache (one slot more than it needs): one block is then
-    # exactly the unblocked loop.
-    read = plen + end if 0 < scfg.cache_block and end < steps - 1 else 0
+  for _, end, read in blocks(plen, steps, scfg.cache_block):
 
     def more(carry, end=end):
       i, _, _, done, _ = carry

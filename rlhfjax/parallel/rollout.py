@@ -11,10 +11,12 @@ copy is dropped after the rollout (Tunix's reshard, verl's and NeMo-RL's refit d
 
 `rollout.mesh`:
   "auto"   on a CPU, every device a replica (`tensor` 1: the devices share one memory and its
-           cores, tensor parallelism buys nothing); on accelerators, tensor parallel over the
-           devices of one host (one fast domain: NVLink, or a TPU host's chips) and replicas
-           over hosts, widened while the copy and its KV cache do not fit beside the training
-           state.
+           cores, tensor parallelism buys nothing); on accelerators, the `tensor` width within
+           one fast domain (a GPU host's devices; a TPU slice, whose chips share the ICI) at
+           which a device reads the fewest bytes per sampled token — its slice of the weights
+           plus its rows' KV cache, which stops splitting once `tensor` exceeds the kv heads —
+           among those that fit beside the training state, replicas over the rest; wider only
+           when nothing narrower fits.
   "train"  the trainer's own mesh and dtype: sampling as training lays it out (for comparison).
   "data=D,tensor=T"  an explicit shape (one of them may be -1: the devices left).
 `rollout.dtype`: "auto" is the model's compute dtype (`model.dtype`); or a dtype name. Only the
@@ -112,7 +114,7 @@ def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str,
            free_bytes: float | None) -> Layout:
   """The layout config block `rollout` (`mesh`, `dtype`) asks for on a training mesh of
   `train_shape`, for batches of `rows` sequences of `length` cache slots. `fast_domain`: devices
-  in one host; `free_bytes`: per-device bytes left beside the training state (None: unknown, take
+  on one fast interconnect (a GPU host's, a TPU slice's); `free_bytes`: per-device bytes left beside the training state (None: unknown, take
   everything as fitting)."""
   spec, devices = str(block.get("mesh", "auto")), math.prod(train_shape.values())
   dtype = _dtype(str(block.get("dtype", "auto")), cfg)
@@ -125,17 +127,24 @@ def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str,
     return Layout(devices, 1, 1, dtype, "CPU devices share one memory: every device a replica")
   widths = [t for t in (2**i for i in range(int(math.log2(devices)) + 1))
             if devices % t == 0 and cfg.n_heads % t == 0]
-  domain = max(t for t in widths if t <= max(fast_domain, 1))
-  need = lambda t: weight_bytes(cfg, t, dtype) + cache_bytes(cfg, rows, length, devices // t, t)
-  for t in (t for t in widths if t >= domain):
-    if free_bytes is None or need(t) <= free_bytes:
-      why = (f"tensor parallel over one host's {t} devices" if t == domain else
-             f"tensor={domain} (one host) does not fit beside the training state: widened to {t}")
-      return Layout(devices // t, 1, t, dtype, why)
-  t = widths[-1]
+  # What one device reads per sampled token: its slice of the weights and of the KV cache.
+  read = lambda t: weight_bytes(cfg, t, dtype) + cache_bytes(cfg, rows, length, devices // t, t)
+  fits = lambda t: free_bytes is None or read(t) <= free_bytes
+  near = [t for t in widths if t <= max(fast_domain, 1) and fits(t)]
+  if near:
+    t = min(near, key=lambda t: (read(t), t))
+    return Layout(devices // t, 1, t, dtype,
+                  f"the fewest bytes read per device and token ({_size(read(t))}) of the widths "
+                  f"within one fast domain of {fast_domain} devices")
+  wider = [t for t in widths if t > fast_domain and fits(t)]
+  if wider:
+    return Layout(devices // wider[0], 1, wider[0], dtype,
+                  f"nothing within one fast domain of {fast_domain} devices fits beside the "
+                  f"training state: widened to tensor={wider[0]}")
+  t = min(widths, key=read)
   return Layout(devices // t, 1, t, dtype,
-                f"does not fit beside the training state even at tensor={t} "
-                f"({_size(need(t))} per device, {_size(free_bytes)} free)")
+                f"does not fit beside the training state at any width ({_size(read(t))} per "
+                f"device at tensor={t}, {_size(free_bytes)} free)")
 
 
 def mesh(layout: Layout, train_mesh: Mesh) -> Mesh:
@@ -163,7 +172,8 @@ def shardings(axes: Any, params: Any, rollout_mesh: Mesh) -> Any:
                       axes, params, is_leaf=_is_axes)
 
 
-def _cast(params: Any, dtype: str) -> Any:
+def cast(params: Any, dtype: str) -> Any:
+  """The matmul weights of `params` in `dtype` (norms, LoRA adapters and integers as they are)."""
   def one(path, x):
     if _keeps_dtype(path) or not jnp.issubdtype(x.dtype, jnp.floating):
       return x
@@ -185,7 +195,7 @@ def reshard(params: Any, axes: Any, layout: Layout, rollout_mesh: Mesh) -> Any:
     return params
   if any(jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype
          for x in jax.tree.leaves(params)):
-    params = jax.jit(_cast, static_argnums=1)(params, dtype)
+    params = jax.jit(cast, static_argnums=1)(params, dtype)
   return jax.device_put(params, target)
 
 

@@ -82,7 +82,10 @@ def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layou
   if rows not in exp.rollouts:
     length = exp.config.format.prompt_len + exp.config.format.response_len
     devices = list(np.asarray(exp.parallel.mesh.devices).reshape(-1))
-    local = sum(d.process_index == devices[0].process_index for d in devices)
+    # One fast interconnect: a TPU slice's chips (ICI), else one process's devices (a GPU host).
+    domain = ((lambda d: getattr(d, "slice_index", 0)) if devices[0].platform == "tpu"
+              else (lambda d: d.process_index))
+    local = sum(domain(d) == domain(devices[0]) for d in devices)
     layout = rollout.choose(exp.config.get("rollout", {}), exp.model, dict(exp.parallel.mesh.shape),
                             platform=devices[0].platform, fast_domain=local, rows=rows,
                             length=length, free_bytes=_free_bytes())
