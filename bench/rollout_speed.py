@@ -2,11 +2,13 @@
 through the rollout engine as PPO draws it, beside this device's measured matmul peak.
 
   python bench/rollout_speed.py --workdir runs/quickstart [--config configs/tldr_sim.py]
-                                [--rollouts 4] [--json out.json]
+                                [--rollouts 4] [--cache-block 16] [--json out.json]
 
 With `--workdir` a finished quickstart run (its tokenizer and SFT policy) samples, so responses end
 at their eos as in PPO; without one, a random policy of the config's model (which rarely emits
-eos: early stop then saves nothing, and says so). Each setting draws `--rollouts` PPO rollouts
+eos: early stop then saves nothing, and says so). The blocked setting decodes in blocks of
+`--cache-block` steps (default 16: the quickstart's 47 decode steps in 3 blocks; its config's 128
+makes one). Each setting draws `--rollouts` PPO rollouts
 (`ppo.rollout_batch` unlabeled prompts at `ppo.temperature`, the same prompts and keys for every
 setting) after one untimed call that compiles; the best of 3 passes is kept. Printed per setting:
 seconds per rollout, decode steps run (the longest response, plus one) against `response_len`,
@@ -34,7 +36,7 @@ from throughput import matmul_peak
 
 SETTINGS = {"full length, every slot": dict(early_stop=False, cache_block=0),
             "early stop, every slot": dict(early_stop=True, cache_block=0),
-            "early stop, cache blocks": dict(early_stop=True)}
+            "early stop, cache blocks": dict(early_stop=True, cache_block=None)}
 
 
 def main() -> None:
@@ -43,6 +45,7 @@ def main() -> None:
                                                    "tldr_sim.py"))
   ap.add_argument("--workdir", default="", help="a finished quickstart run (tokenizer, SFT)")
   ap.add_argument("--rollouts", type=int, default=4)
+  ap.add_argument("--cache-block", type=int, default=16)
   ap.add_argument("--json", default="", help="also write the numbers here")
   args = ap.parse_args()
 
@@ -53,7 +56,6 @@ def main() -> None:
   params = (sft.load_policy(exp) if trained
             else transformer.init(jax.random.key(0), exp.model))
   c, fmt = config.ppo, config.format
-  block = config.rollout.cache_block
   examples = exp.splits["unlabeled"]
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)
   batches = [exp.parallel.put_batch(prompts, pipeline.batch_indices(len(examples), c.rollout_batch,
@@ -63,13 +65,14 @@ def main() -> None:
   print(f"{'SFT policy of ' + args.workdir if trained else 'random policy'}: "
         f"{exp.model.variant} d{exp.model.d_model} L{exp.model.n_layers}; rollout_batch "
         f"{c.rollout_batch}, prompt_len {fmt.prompt_len}, response_len {fmt.response_len}, "
-        f"cache_block {block}; {jax.devices()[0].device_kind} x{jax.device_count()}, "
+        f"{jax.devices()[0].device_kind} x{jax.device_count()}, "
         f"{os.cpu_count()} cpus; matmul peak {peak / 1e9:.0f} GFLOP/s (float32, measured now)")
 
   results, first = [], None
   for name, setting in SETTINGS.items():
-    exp.config.rollout.update(setting if "cache_block" in setting
-                              else {**setting, "cache_block": block})
+    setting = {**setting, "cache_block": (args.cache_block if setting["cache_block"] is None
+                                          else setting["cache_block"])}
+    exp.config.rollout.update(setting)
     draw = lambda: [engine.sample_batch(params, b, jax.random.fold_in(jax.random.key(7), i), exp,
                                         c.temperature) for i, b in enumerate(batches)]
     jax.block_until_ready(draw())  # Compiles.
