@@ -97,6 +97,9 @@ def test_choose_layout():
       choose({"mesh": bad})
   with pytest.raises(ConfigError, match="rollout.dtype"):
     choose({"dtype": "bf17"})
+  rollout.check({"mesh": "data=2,tensor=4", "dtype": "auto"}, big, 8)  # Checked before any work.
+  with pytest.raises(ConfigError, match="rollout.mesh"):
+    rollout.check({"mesh": "data=2,tensor=2"}, big, 8)
   # Per device: bf16 weights split 4 ways (vocabulary, heads, MLP units) and the KV cache.
   per_layer = 3 * 512 * 1024 / 4 + 4 * 512 * 64 * 8 / 4
   assert rollout.weight_bytes(big, 4, "bfloat16") == 2 * (4 * per_layer + 1024 * 512 / 4)

@@ -93,7 +93,10 @@ def _parse(spec: str, devices: int) -> dict[str, int]:
       raise ConfigError(f"rollout.mesh must be 'auto', 'train' or like 'data=-1,tensor=4' "
                         f"(axes {', '.join(AXES)}), got {spec!r}")
     sizes[name] = int(value)
-  shape = dict(zip(AXES, mesh_shape(sizes, devices)))
+  try:
+    shape = dict(zip(AXES, mesh_shape(sizes, devices)))
+  except ConfigError as e:
+    raise ConfigError(f"rollout.mesh {spec!r}: {e}") from e
   if math.prod(shape.values()) != devices:
     raise ConfigError(f"rollout.mesh {spec!r} uses {math.prod(shape.values())} devices; the "
                       f"training mesh has {devices}: the rollout runs on the same devices")
@@ -107,6 +110,15 @@ def _dtype(name: str, cfg: ModelConfig) -> str:
     return jnp.dtype(name).name
   except TypeError as e:
     raise ConfigError(f"rollout.dtype must be 'auto' or a dtype name, got {name!r}") from e
+
+
+def check(block: Mapping[str, Any], cfg: ModelConfig, devices: int) -> None:
+  """Raises a ConfigError naming `rollout.mesh` or `rollout.dtype` when the block cannot work on
+  `devices` devices: checked before any work, not at a run's first rollout."""
+  spec = str(block.get("mesh", "auto"))
+  if spec not in MODES:
+    _parse(spec, devices)
+  _dtype(str(block.get("dtype", "auto")), cfg)
 
 
 def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str, int], *,

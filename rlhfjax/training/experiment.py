@@ -23,6 +23,7 @@ from rlhfjax.models import lora
 from rlhfjax.models import pretrained
 from rlhfjax.models.config import REMAT
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
 
 
@@ -95,13 +96,15 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
   remat_policies(config)  # A bad `remat` block is named before any work.
+  parallel = Parallel.from_config(config.mesh)
+  rollout.check(config.get("rollout", {}), model, parallel.mesh.size)  # So is a bad `rollout`.
   needed = config.format.prompt_len + config.format.response_len
   if model.variant == "gpt2" and model.max_len < needed:
     raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "
                      f"({needed})")
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
-  return Experiment(config, workdir, splits, tok, model, Parallel.from_config(config.mesh),
-                    init_from, lora.from_config(config.get("lora")))
+  return Experiment(config, workdir, splits, tok, model, parallel, init_from,
+                    lora.from_config(config.get("lora")))
 
 
 def remat_policies(config: ml_collections.ConfigDict) -> dict[str, str]:
