@@ -90,7 +90,8 @@ def main() -> None:
     first = tokens if first is None else first
     row = {"setting": name, **setting,
            "seconds_per_rollout": best, "decode_steps": float(np.mean(steps)),
-           "mean_length": float(lengths.mean()), "ended": float((lengths < fmt.response_len).mean()),
+           "mean_length": float(lengths.mean()),
+           "ended": float((lengths < fmt.response_len).mean()),
            "tokens_per_s": float(lengths.sum()) / args.rollouts / best,
            "matmul_peak_gflops": peak / 1e9}
     results.append(row)

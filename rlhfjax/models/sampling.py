@@ -13,8 +13,8 @@ Two things keep decoding at the work it must do (`SamplingConfig`):
   the cache only up to the block's last slot (prompt plus the tokens decoded by then), not all
   `prompt_len + max_new_tokens` slots from the first token on (the last block reads them all). Each
   block is its own loop with a static read length (XLA needs static shapes), so the compiled
-  program grows with the number of blocks; 0 reads the whole cache at every step. Reading fewer (masked) slots changes results
-  only by the rounding of the softmax's sum.
+  program grows with the number of blocks; 0 reads the whole cache at every step. Reading fewer
+  (masked) slots changes results only by the rounding of the softmax's sum.
 
 Log-probs are those of the sampled token under `log_softmax(logits / temperature)` *before* top-k /
 top-p truncation: exactly what a later forward pass at the same temperature recomputes (as PPO does),

@@ -126,8 +126,8 @@ def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str,
            free_bytes: float | None) -> Layout:
   """The layout config block `rollout` (`mesh`, `dtype`) asks for on a training mesh of
   `train_shape`, for batches of `rows` sequences of `length` cache slots. `fast_domain`: devices
-  on one fast interconnect (a GPU host's, a TPU slice's); `free_bytes`: per-device bytes left beside the training state (None: unknown, take
-  everything as fitting)."""
+  on one fast interconnect (a GPU host's, a TPU slice's); `free_bytes`: per-device bytes left
+  beside the training state (None: unknown, take everything as fitting)."""
   spec, devices = str(block.get("mesh", "auto")), math.prod(train_shape.values())
   dtype = _dtype(str(block.get("dtype", "auto")), cfg)
   if spec == "train":
