@@ -2,7 +2,7 @@
 
 import setuptools
 
-LABEL = ["starlette>=0.40", "uvicorn>=0.30", "python-multipart>=0.0.9"]
+LABEL = ["starlette>=0.40", "uvicorn>=0.30", "python-multipart>=0.0.9", "markdown-it-py>=3.0"]
 
 setuptools.setup(
     name="rlhfjax",
@@ -37,7 +37,7 @@ setuptools.setup(
         "tokenizers>=0.19",
         "jinja2>=3.1",
     ],
-    package_data={"rlhfjax.labeling": ["templates/*.html", "static/*"]},
+    package_data={"rlhfjax.labeling": ["templates/*.html", "static/*", "guidelines/*.md"]},
     extras_require={
         # The labeling site (task=label_server): an ASGI app and its server.
         "label": LABEL,

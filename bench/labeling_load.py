@@ -95,8 +95,8 @@ def make_db(path: str, pairs: int, gold: int, labelers: int, settings: store_lib
     golds += is_gold
     prompt = {"id": f"p{n}", "prompt": _text(rng, 20), "input": _text(rng, 10) if n % 3 else ""}
     items.append(sources.item(prompt, _text(rng, 80), _text(rng, 80), "system_a", "system_b",
-                              0.1, gold=float(rng.choice((0.0, 0.5, 1.0))) if is_gold else None))
-  store.add_items(items)
+                              gold=float(rng.choice((0.0, 0.5, 1.0))) if is_gold else None))
+  store.add_items(sources.queue(items, 0.1))
   tokens = {f"labeler{i:03d}": store.add_labeler(f"labeler{i:03d}", False, 3600.0)
             for i in range(labelers)}
   store.close()

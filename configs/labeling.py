@@ -2,14 +2,14 @@
 site. The same tasks run with any config (its `labeling` block), e.g. configs/alpaca.py.
 
   pip install -e '.[label]'
-  W=runs/quickstart   # a workdir whose methods answered the test prompts (sft/, ppo/ outputs.json)
+  W=runs/quickstart   # a finished quickstart; H: a copy of it without rm/ (docs/labeling.md)
   python -m rlhfjax.main --config configs/labeling.py --workdir $W --config.task=label_load \\
-      --config.labeling.source=methods:sft,ppo
+      --config.labeling.source="comparisons:$W/label/train.jsonl;comparisons:$W/label/valid.jsonl"
+  python -m rlhfjax.main --config configs/labeling.py --workdir $W   # serves http://127.0.0.1:8080
   python -m rlhfjax.main --config configs/labeling.py --workdir $W --config.task=label_user \\
       --config.labeling.user=ada --config.labeling.admin=True   # prints a one-time sign-in link
-  python -m rlhfjax.main --config configs/labeling.py --workdir $W   # serves http://127.0.0.1:8080
   python -m rlhfjax.main --config configs/labeling.py --workdir $W --config.task=label_export
-  python -m rlhfjax.main --config configs/labeling.py --workdir $W --config.task=rm \\
+  python -m rlhfjax.main --config configs/labeling.py --workdir $H --config.task=rm \\
       --config.rm.train_file=$W/labeling/export/train.jsonl \\
       --config.rm.valid_file=$W/labeling/export/valid.jsonl
 """

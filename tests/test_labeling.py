@@ -100,7 +100,7 @@ def pair(i: int, gold: float | None = None, **fields) -> dict:
             "title": fields.pop("title", f"title {i}"),
             "subreddit": fields.pop("subreddit", "tifu"), "input": fields.pop("input", "")}
   return sources.item(prompt, fields.pop("a", f"summary a{i}"),
-                      fields.pop("b", f"longer summary b{i}"), "sft", "ppo", 0.0, gold=gold)
+                      fields.pop("b", f"longer summary b{i}"), "sft", "ppo", "train", gold=gold)
 
 
 def make_store(tmp_path, n=4, gold=0, **settings) -> store_lib.Store:
@@ -255,14 +255,21 @@ def test_sign_in_once_with_a_safe_cookie(tmp_path):
     assert response.headers[header] == value
 
 
-def test_login_attempts_are_rate_limited(tmp_path):
+def test_failed_sign_ins_are_rate_limited_per_address_not_valid_links(tmp_path):
   site = Site(tmp_path, login_per_minute=3)
   c = site.client()
   codes = [sign_in(c, f"guess{i}").status_code for i in range(3)]  # 6 requests, 3 attempts.
   assert codes == [401, 401, 401]
-  good = site.store.add_labeler("ada", False, 60)
-  assert sign_in(c, good).status_code == 429  # Even a good token, for now.
+  limited = sign_in(c, "guess3")
+  assert limited.status_code == 429 and "try again in" in limited.text
+  assert 1 <= int(limited.headers["retry-after"]) <= 60
   assert site.store.read().execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+  # Another address is not limited; a valid link from the limited one still signs in.
+  elsewhere = TestClient(site.app, base_url="http://testserver", client=("192.0.2.7", 5000))
+  assert sign_in(elsewhere, "guess4").status_code == 401
+  good = site.store.add_labeler("ada", False, 60)
+  assert sign_in(c, good).status_code == 200 and c.get("/").url.path == "/"
+  assert site.store.read().execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
 
 
 def test_sign_in_form_refuses_other_sites_and_a_new_token_ends_sessions(tmp_path):
@@ -496,3 +503,310 @@ def test_file_annotator_takes_the_majority_of_several_labelers(tmp_path):
   ties = [judge.annotate([pipeline.Post("p2", "", "", "post")], ["x"], ["y"], rng)[0]
           for _ in range(40)]
   assert 0 < sum(ties) < 40  # A tie is a coin flip.
+
+
+# What a labeling team expects: skip, flag, invitations, revocation, downloads, disagreements,
+# guidelines, "My labels", the access log.
+
+def lid(s: store_lib.Store, name: str) -> int:
+  return s.read().execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()[0]
+
+
+def form_csrf(html: str) -> str:
+  return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+def test_skip_returns_the_pair_to_others_never_to_the_skipper(tmp_path):
+  site = Site(tmp_path, gold_every=0, k=1)
+  ada = site.client("ada")
+  csrf, first = page_ids(ada.get("/").text)
+  assert ada.post(f"/label/{first}/skip", data={"csrf": csrf},
+                  follow_redirects=False).status_code == 303
+  _, second = page_ids(ada.get("/").text)
+  assert second != first
+  bob = site.client("bob")
+  bob_csrf, bob_first = page_ids(bob.get("/").text)  # k = 1: the skipped pair is bob's first.
+  skipped = site.store.assignment(lid(site.store, "ada"), int(first))
+  assert site.store.assignment(lid(site.store, "bob"), int(bob_first))["uid"] == \
+      skipped["uid"]
+  assert post_label(bob, bob_first, bob_csrf, stiennon_answers(2)).status_code == 200
+  assert ada.post(f"/label/{second}/skip", data={"csrf": csrf}).status_code == 200
+  assert site.store.progress()["skipped"] == 2
+  # A finished label cannot be skipped, nor another's assignment.
+  assert bob.post(f"/label/{bob_first}/skip", data={"csrf": bob_csrf}).status_code == 404
+  assert bob.post(f"/label/{second}/skip", data={"csrf": bob_csrf}).status_code == 404
+
+
+def test_a_flagged_pair_is_held_for_the_admin_then_released_or_dropped(tmp_path):
+  site = Site(tmp_path, gold_every=0, k=2)
+  ada, bob = site.client("ada"), site.client("bob")  # Both hold the first pair.
+  csrf, flagged = page_ids(ada.get("/").text)
+  uid = site.store.assignment(lid(site.store, "ada"), int(flagged))["uid"]
+  assert ada.post(f"/label/{flagged}/flag", data={"csrf": csrf, "comment": " "}
+                  ).status_code == 400  # Say what is wrong.
+  comment = f"the post is cut off {XSS}"
+  assert ada.post(f"/label/{flagged}/flag", data={"csrf": csrf, "comment": comment},
+                  follow_redirects=False).status_code == 303
+  served = set()
+  for who in (ada, bob):  # Nobody is given the held pair, each gets the other three.
+    for _ in range(3):
+      c, a = page_ids(who.get("/").text)
+      served.add(site.store.read().execute(
+          "SELECT i.uid FROM assignments a JOIN items i ON i.id = a.item_id WHERE a.id = ?",
+          (int(a),)).fetchone()[0])
+      assert post_label(who, a, c, stiennon_answers(1), submission=a).status_code == 200
+  assert uid not in served and "Nothing left" in bob.get("/").text
+  assert bob.get("/admin/flags").status_code == 403
+  root = site.client("root", admin=True)
+  page = root.get("/admin/flags").text
+  assert "the post is cut off &lt;script&gt;" in page and "<script>alert" not in page
+  item = re.search(r'data-pair="(\d+)"', page).group(1)
+  root_csrf = form_csrf(page)
+  assert root.post(f"/admin/flags/{item}", data={"csrf": root_csrf, "action": "burn"}
+                   ).status_code == 400
+  assert root.post(f"/admin/flags/{item}", data={"csrf": root_csrf, "action": "release"},
+                   follow_redirects=False).status_code == 303
+  c, a = page_ids(bob.get("/").text)  # Back in the queue.
+  assert post_label(bob, a, c, stiennon_answers(9)).status_code == 200
+  assert len(site.store.labels()) == 7
+  # Flag it again (from the label just given), then drop it: its label leaves the exports.
+  assert bob.post(f"/label/{a}/flag", data={"csrf": c, "comment": "offensive"}).status_code == 200
+  assert root.post(f"/admin/flags/{item}", data={"csrf": root_csrf, "action": "drop"}
+                   ).status_code == 200
+  assert len(site.store.labels()) == 6 and uid not in {r["uid"] for r in site.store.labels()}
+  assert site.store.progress()["dropped_pairs"] == 1 and "No open flags" in root.get(
+      "/admin/flags").text
+
+
+def test_admin_invites_and_revokes_labelers_from_the_web(tmp_path):
+  site = Site(tmp_path, gold_every=0)
+  root, ada = site.client("root", admin=True), site.client("ada")
+  ada_csrf = form_csrf(ada.get("/").text)
+  assert ada.post("/admin/labelers", data={"csrf": ada_csrf, "name": "eve"}).status_code == 403
+  page = root.get("/admin/labelers").text
+  csrf = form_csrf(page)
+  assert "ada" in page and "signed in" in page
+  assert root.post("/admin/labelers", data={"name": "eve"}).status_code == 403  # No token.
+  assert root.post("/admin/labelers", data={"csrf": csrf, "name": "eve"},
+                   headers={"Origin": "http://evil.example"}).status_code == 403
+  assert root.post("/admin/labelers", data={"csrf": csrf, "name": "e v<e>"}).status_code == 400
+  invited = root.post("/admin/labelers", data={"csrf": csrf, "name": "eve", "admin": "on"})
+  link = re.search(r'value="(http://testserver/login#token=[^"]+)"', invited.text).group(1)
+  assert "invited, not signed in yet" in invited.text
+  assert "token=" not in root.get("/admin/labelers").text  # Shown once.
+  eve = site.client()
+  assert sign_in(eve, link.split("#token=")[1]).status_code == 200
+  assert eve.get("/admin").status_code == 200  # Invited as an admin.
+  # Revoking: needs the token, ends the session, the labels stay; nobody revokes themselves.
+  assert root.post("/admin/labelers/ada/revoke", data={}).status_code == 403
+  csrf_a, assignment = page_ids(ada.get("/").text)
+  assert post_label(ada, assignment, csrf_a, stiennon_answers(2)).status_code == 200
+  assert root.post("/admin/labelers/ada/revoke", data={"csrf": csrf},
+                   follow_redirects=False).status_code == 303
+  assert ada.get("/").url.path == "/login" and len(site.store.labels()) == 1
+  assert "revoked" in root.get("/admin/labelers").text
+  refused = root.post("/admin/labelers/root/revoke", data={"csrf": csrf})
+  assert refused.status_code == 400 and "your own access" in refused.text
+  assert root.post("/admin/labelers/nobody/revoke", data={"csrf": csrf}).status_code == 400
+  # A new link restores access.
+  assert sign_in(ada, site.store.add_labeler("ada", False, 60)).status_code == 200
+  assert ada.get("/").url.path == "/"
+
+
+def test_download_buttons_give_what_label_export_writes(tmp_path):
+  site = Site(tmp_path, gold_every=0)
+  ada, bob, root = site.client("ada"), site.client("bob"), site.client("root", admin=True)
+  for who, rating in ((ada, 2), (bob, 8), (ada, 5)):
+    csrf, a = page_ids(who.get("/").text)
+    assert post_label(who, a, csrf, stiennon_answers(rating), submission=a).status_code == 200
+  admin_page = root.get("/admin").text
+  for layout, ext in (("openai", ".jsonl"), ("alpaca", ".json")):
+    for split in ("train", "valid"):
+      assert f'href="/admin/export/{layout}/{split}"' in admin_page
+      got = root.get(f"/admin/export/{layout}/{split}")
+      assert got.status_code == 200
+      assert f'filename="{split}{ext}"' in got.headers["content-disposition"]
+      written = comparisons.export(site.store.labels(), str(tmp_path / layout), layout,
+                                   "stiennon")
+      assert got.content == open(written[split], "rb").read()
+  assert len(root.get("/admin/export/openai/train").text.splitlines()) == 3
+  assert "Table 20" in root.get("/admin/export/openai/agreement").text
+  assert ada.get("/admin/export/openai/train").status_code == 403
+  assert root.get("/admin/export/csv/train").status_code == 404
+
+
+def test_disagreements_are_shown_to_admins_only_in_pair_order(tmp_path):
+  site = Site(tmp_path, gold_every=0, k=2)
+  ada, bob, root = site.client("ada"), site.client("bob"), site.client("root", admin=True)
+  assert "No pair has labels that disagree" in root.get("/admin/disagreements").text
+  ca, a = page_ids(ada.get("/").text)
+  cb, b = page_ids(bob.get("/").text)
+  post_label(ada, a, ca, stiennon_answers(1))  # Left definitely better, as ada saw it.
+  post_label(bob, b, cb, stiennon_answers(9))
+  rows = site.store.labels()
+  assert rows[0]["uid"] == rows[1]["uid"]
+  page = root.get("/admin/disagreements").text
+  assert page.count('class="disagreement"') == 1 and "<script>alert" not in page
+  for r in rows:
+    words = report.in_pair_order(r["preference"], json.loads(r["answers"])["extra"])
+    assert f"<td>{r['labeler']}</td><td>{words}</td>" in page
+  assert {report.in_pair_order(r["preference"], json.loads(r["answers"])["extra"])
+          for r in rows} <= {"1: A definitely better", "9: B definitely better"}
+  for labeler in (ada, bob):
+    assert labeler.get("/admin/disagreements").status_code == 403
+
+
+def test_in_pair_order_and_disagreements_hand_worked():
+  assert report.in_pair_order(0.0, {"confidence": 4}) == "4: A slightly better"
+  assert report.in_pair_order(0.5, {}) == "tie" and report.in_pair_order(1.0, {}) == "B better"
+  base = {"gold": None, "answers": '{"extra": {"strength": "slightly"}}'}
+  rows = [{**base, "item_id": 1, "labeler": "a", "preference": 0.0},
+          {**base, "item_id": 1, "labeler": "b", "preference": 0.0},
+          {**base, "item_id": 2, "labeler": "a", "preference": 0.0},
+          {**base, "item_id": 2, "labeler": "b", "preference": 0.5},
+          {**base, "item_id": 3, "labeler": "a", "preference": 1.0},
+          {**base, "item_id": 3, "labeler": "b", "preference": 0.0},
+          {**base, "item_id": 4, "labeler": "a", "preference": 1.0, "gold": 0.0},
+          {**base, "item_id": 4, "labeler": "b", "preference": 0.0, "gold": 0.0}]
+  found = report.disagreements(rows)
+  assert [d["pair"]["item_id"] for d in found] == [3, 2]  # Widest split first; gold aside.
+  assert found[0]["answers"] == [("a", "B better", {"strength": "slightly"}),
+                                 ("b", "A better", {"strength": "slightly"})]
+
+
+def test_my_labels_show_the_answer_words_time_and_post(tmp_path):
+  site = Site(tmp_path, gold_every=0)
+  ada = site.client("ada")
+  csrf, a = page_ids(ada.get("/").text)
+  post_label(ada, a, csrf, stiennon_answers(4))
+  page = ada.get("/mine").text
+  row = re.search(r"<tr>(.*?)</tr>", page.split("<tbody>")[1], re.S).group(1)
+  assert "left slightly better" in row and " UTC" in row
+  assert "&lt;script&gt;" in row and "post" in row and "<script>alert" not in row
+
+
+def test_guidelines_page_renders_the_protocols_or_the_configs(tmp_path):
+  site = Site(tmp_path)
+  assert site.client().get("/guidelines").url.path == "/login"
+  page = site.client("ada").get("/guidelines").text
+  assert "<h1>" in page and "9-point" in page
+  custom = server.create_app(site.store, STIENNON, guidelines=f"# Our rules\n\n{XSS}")
+  c = TestClient(custom, base_url="http://testserver")
+  assert sign_in(c, site.store.add_labeler("bob", False, 60)).status_code == 200
+  page = c.get("/guidelines").text
+  assert "<h1>Our rules</h1>" in page and "<script>alert" not in page
+
+
+def test_access_log_and_sign_in_events_never_hold_a_token(tmp_path, caplog):
+  site = Site(tmp_path, gold_every=0)
+  caplog.set_level("INFO", logger="rlhfjax.labeling")
+  token = site.store.add_labeler("ada", False, 60)
+  c = site.client()
+  sign_in(c, "not-a-token")
+  sign_in(c, token)
+  c.get("/mine?q=secret")
+  text = caplog.text
+  assert "sign-in failed from testclient" in text and "sign-in: ada from testclient" in text
+  assert re.search(r"testclient GET /mine 200 \d+ms ada", text)
+  assert re.search(r"testclient POST /login 401 \d+ms -", text)
+  assert token not in text and "not-a-token" not in text and "secret" not in text
+
+
+def test_an_earlier_database_gains_the_new_columns(tmp_path):
+  path = str(tmp_path / "old.db")
+  old = sqlite3.connect(path)
+  old.executescript(
+      store_lib.SCHEMA.replace(",\n  held INTEGER NOT NULL DEFAULT 0", "")
+      .replace(", revoked REAL", "").replace(", skipped REAL", ""))
+  old.execute("INSERT INTO items (uid, prompt, title, subreddit, input, response_a, response_b, "
+              "policy_a, policy_b, prompt_id, split, position) VALUES ('u', 'p', 't', 's', '', "
+              "'a', 'b', 'x', 'y', 'i', 'train', 0)")
+  old.commit()
+  assert "held" not in {r[1] for r in old.execute("PRAGMA table_info(items)")}
+  old.close()
+  s = store_lib.Store(path)
+  for table, column, _ in store_lib.ADDED_COLUMNS:
+    assert column in {r[1] for r in s.read().execute(f"PRAGMA table_info({table})")}
+  who = labeler(s, "ada")
+  assert s.next_assignment(who)["uid"] == "u"
+
+
+def test_label_user_links_carry_the_served_address(tmp_path):
+  config = load_config("labeling", "tiny")
+  config.labeling.update(db=str(tmp_path / "labels.db"), user="ada")
+  s, _ = tasks.open_store(config, str(tmp_path))
+  assert tasks.user(config, str(tmp_path)).startswith("http://127.0.0.1:8080/login#token=")
+  s.set_meta("served_url", "http://127.0.0.1:8123")  # What task=label_server records.
+  assert tasks.user(config, str(tmp_path)).startswith("http://127.0.0.1:8123/login#token=")
+  config.labeling.url = "https://label.example.org/"
+  assert tasks.user(config, str(tmp_path)).startswith("https://label.example.org/login#token=")
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.5, 1.0])
+def test_valid_pairs_are_spread_through_the_queue(fraction):
+  free = [{"split": "", "gold": None, "n": n} for n in range(40)]
+  gold = {"split": "train", "gold": 1.0, "n": -1}
+  out = sources.queue([gold] + free, fraction)
+  valid = [i for i, p in enumerate(out[:-1]) if p["split"] == "valid"]
+  for n in range(1, 41):  # Every served prefix holds its share.
+    assert sum(i < n for i in valid) == int(np.floor(n * fraction + 0.5))
+  if fraction == 0.1:
+    assert valid == [4, 14, 24, 34]
+  assert out[-1] is gold and sorted(p["n"] for p in out) == list(range(-1, 40))
+  # Pairs with splits of their own (a comparison file's) keep them, spread the same way.
+  own = [{"split": "valid" if n < 10 else "train", "gold": None} for n in range(30)]
+  out = sources.queue(own, fraction)
+  assert [p["split"] for p in out[:6]] == ["train", "valid", "train"] * 2
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong", "other session", "cross origin"])
+def test_every_new_form_refuses_requests_without_a_valid_csrf_token(tmp_path, case):
+  """Skip, flag, invite, revoke and the flag decision, each with a bad token or origin: 403, and
+  nothing changes."""
+  site = Site(tmp_path, gold_every=0)
+  ada, root = site.client("ada"), site.client("root", admin=True)
+  csrf, assignment = page_ids(ada.get("/").text)
+  root_csrf = form_csrf(root.get("/admin/labelers").text)
+  _, other = page_ids(root.get("/").text)
+  assert root.post(f"/label/{other}/flag", data={"csrf": root_csrf, "comment": "x"}
+                   ).status_code == 200
+  item = site.store.flags()[0]["id"]
+
+  def bad(token: str, theirs: str) -> tuple[dict, dict]:
+    headers = {"Origin": "http://evil.example"} if case == "cross origin" else {}
+    value = {"missing": None, "wrong": token[:-2] + "xx", "other session": theirs,
+             "cross origin": token}[case]
+    return ({} if value is None else {"csrf": value}), headers
+
+  before = site.store.read().execute(
+      "SELECT (SELECT COUNT(*) FROM assignments WHERE skipped IS NOT NULL), "
+      "(SELECT COUNT(*) FROM flags), (SELECT COUNT(*) FROM labelers WHERE revoked IS NOT NULL), "
+      "(SELECT COUNT(*) FROM labelers), (SELECT SUM(held) FROM items)").fetchone()
+  form, headers = bad(csrf, root_csrf)
+  assert ada.post(f"/label/{assignment}/skip", data=form, headers=headers).status_code == 403
+  assert ada.post(f"/label/{assignment}/flag", data={**form, "comment": "x"},
+                  headers=headers).status_code == 403
+  form, headers = bad(root_csrf, csrf)
+  assert root.post("/admin/labelers", data={**form, "name": "eve"},
+                   headers=headers).status_code == 403
+  assert root.post("/admin/labelers/ada/revoke", data=form, headers=headers).status_code == 403
+  assert root.post(f"/admin/flags/{item}", data={**form, "action": "drop"},
+                   headers=headers).status_code == 403
+  after = site.store.read().execute(
+      "SELECT (SELECT COUNT(*) FROM assignments WHERE skipped IS NOT NULL), "
+      "(SELECT COUNT(*) FROM flags), (SELECT COUNT(*) FROM labelers WHERE revoked IS NOT NULL), "
+      "(SELECT COUNT(*) FROM labelers), (SELECT SUM(held) FROM items)").fetchone()
+  assert tuple(before) == tuple(after) and ada.get("/").url.path == "/"
+
+
+def test_the_words_that_differ_are_marked_and_escaped(tmp_path):
+  s = store_lib.Store(str(tmp_path / "d.db"), store_lib.Settings(gold_every=0))
+  s.add_items([pair(0, a="the cat sat on the <b>mat</b>", b="the dog sat on a <b>mat</b>")])
+  c = TestClient(server.create_app(s, STIENNON), base_url="http://testserver")
+  assert sign_in(c, s.add_labeler("ada", False, 60)).status_code == 200
+  texts = re.findall(r'<article id="(left|right)"><h3>\w+</h3><div class="text">(.*?)</div>',
+                     c.get("/").text)
+  assert {side: text for side, text in texts}.keys() == {"left", "right"}
+  assert sorted(text for _, text in texts) == [
+      "the <mark>cat</mark> sat on <mark>the</mark> &lt;b&gt;mat&lt;/b&gt;",
+      "the <mark>dog</mark> sat on <mark>a</mark> &lt;b&gt;mat&lt;/b&gt;"]

@@ -1,11 +1,13 @@
 """The labeling site in a real browser (headless Chromium driven by Selenium), end to end.
 
-On a copy of the tiny pipeline's workdir: task=label_load queues the SFT-vs-PPO pairs,
-task=label_user prints two sign-in links, task=label_server serves the site (in a thread of this
-process), and two labelers answer the `stiennon` protocol's questions on the real page, with the
-mouse and with the keyboard alone; one changes a label with `U`. Each answer is checked in the
-database in the pair's own A/B order (the page may show a pair swapped). Then task=label_export
-writes the labels and task=rm trains a reward model on them.
+docs/labeling.md's round, with the doc's own commands (each in bash, on a copy of the tiny
+pipeline's workdir): label_load queues task=label's pairs, the server runs as its own process, the
+admin's link signs her in with one click, she invites a second labeler from the admin page, both
+answer the `stiennon` protocol's questions on the real page (mouse, keyboard, a revision with `U`,
+a skip, a flag with a comment) until they have 20 labels, while the server is killed under a
+pending save and started again; the admin releases the flag, reviews the disagreements, downloads
+the export and revokes the second labeler. Each answer is checked in the database in the pair's
+own A/B order (the page may show a pair swapped). Then label_export and task=rm, as the doc says.
 
 On small databases of their own: markup in every text of a pair (and in a labeler's name) is
 shown as text and never runs, on the labeling page, /mine and /admin; and a label submitted after
@@ -14,17 +16,17 @@ signing in again.
 
 Without selenium, chromium or chromedriver these tests are skipped, unless
 RLHFJAX_REQUIRE_BROWSER=1 (as in CI), which makes them fail instead.
-Set RLHFJAX_SCREENSHOT=1 to also write docs/img/labeling.png (the page at 1280x900).
+Set RLHFJAX_SCREENSHOT=1 to also write docs/img/labeling*.png (the pages at 1280x900).
 """
 
 import importlib.util
 import json
-import math
 import os
 import re
 import shutil
 import socket
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -264,9 +266,16 @@ def _check_shown(driver, labels: Labels, assignment: str) -> bool:
       "return ['left', 'right'].map((id) => "
       "document.querySelector(`#${id} .text`).textContent);")
   swapped = bool(row["swapped"])
-  assert (left, right) == ((row["response_b"], row["response_a"]) if swapped
-                           else (row["response_a"], row["response_b"]))
+  expected = ((row["response_b"], row["response_a"]) if swapped
+              else (row["response_a"], row["response_b"]))
+  assert (left, right) == tuple(map(_as_parsed, expected))
   return swapped
+
+
+def _as_parsed(text: str) -> str:
+  """`text` as an HTML parser gives it back (a tiny model's samples hold such bytes): NUL dropped,
+  CR and CRLF read as LF."""
+  return text.replace("\x00", "").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _check_label(labels: Labels, assignment: str, answers: dict[str, str], revisions: int = 0):
@@ -284,187 +293,349 @@ def _label_by_keyboard(driver, answers: dict[str, str]) -> None:
   _keys(driver, Keys.ENTER)
 
 
-def test_label_in_browser_then_train_rm(tiny_pipeline, tmp_path, browser, monkeypatch, capsys):
+def _doc_round() -> list[str]:
+  """The shell commands of docs/labeling.md's round, in order (continuation lines joined, comments
+  and the install left out)."""
+  text = open(os.path.join(ROOT, "docs", "labeling.md"), encoding="utf-8").read()
+  block = text.split("## A labeling round, end to end", 1)[1].split("```bash\n", 1)[1]
+  block = block.split("```", 1)[0].replace("\\\n", " ")
+  lines = [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines()]
+  return [line for line in lines if line and not line.startswith(("#", "pip "))]
+
+
+ASSIGNMENT = re.compile(r"^[A-Z]+=\S+")  # `W=runs/quickstart`, the start of `H=... && cp ...`.
+
+
+class DocRound:
+  """The doc's commands, each in bash from the repository's root as a user would run them, with
+  what a test needs: the tiny model (`configs/labeling.py:tiny`), runs/ under `root`, and a free
+  port. Assignments (W=..., H=...) carry over to every later command."""
+
+  def __init__(self, root: str, port: int):
+    self.commands = _doc_round()
+    self.root, self.port, self.server = root, port, None
+    self.done: list[str] = []
+    self.log = os.path.join(root, "server.log")
+
+  def _script(self, command: str) -> str:
+    if "rlhfjax.main" in command:
+      command += f" --config.labeling.port={self.port}"
+    assigned = [m.group(0) for m in map(ASSIGNMENT.match, self.done) if m]
+    script = "set -euo pipefail\n" + "\n".join(assigned + [command])
+    script = script.replace("configs/labeling.py", "configs/labeling.py:tiny")
+    return re.sub(r"(^|[\s=])runs/", rf"\g<1>{self.root}/runs/", script)
+
+  def _upcoming(self) -> str:
+    """The next command, after any lines that only assign a variable (kept for later ones)."""
+    while re.fullmatch(r"[A-Z]+=\S+", self.commands[len(self.done)]):
+      self.done.append(self.commands[len(self.done)])
+    return self.commands[len(self.done)]
+
+  def next(self, expect: str) -> str:
+    """Runs the next command (which must contain `expect`) and returns its output."""
+    command = self._upcoming()
+    assert expect in command, (expect, command)
+    self.done.append(command)
+    out = subprocess.run(["bash", "-c", self._script(command)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, f"{command}\n{out.stdout}\n{out.stderr}"
+    return out.stdout + out.stderr
+
+  def serve(self) -> None:
+    """The next command is the server's: started in the background until `stop`."""
+    if self.server is None:
+      command = self._upcoming()
+      assert "--config.task" not in command, command
+      self.done.append(command)
+      self._serve_command = command
+    script = self._script(self._serve_command).replace("python -m", "exec python -m", 1)
+    with open(self.log, "a") as log:
+      self.server = subprocess.Popen(["bash", "-c", script], cwd=ROOT, stdout=log, stderr=log)
+    deadline = time.time() + 120
+    while True:
+      try:
+        with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+          return
+      except OSError:
+        assert self.server.poll() is None, open(self.log).read()
+        assert time.time() < deadline, "the labeling server did not start"
+        time.sleep(0.2)
+
+  def kill(self) -> None:
+    """SIGKILL, as a crash."""
+    self.server.kill()
+    self.server.wait(30)
+
+  def stop(self) -> None:
+    if self.server is not None and self.server.poll() is None:
+      self.server.terminate()
+      self.server.wait(30)
+
+
+def _label_pairs(driver, labels: "Labels", n: int, answer, answered: dict) -> None:
+  """Labels `n` pairs by keyboard, `answer(i, assignment)` giving the i-th pair's answers."""
+  for i in range(n):
+    state = _wait(driver, lambda s: s["assignment"], "a pair to label")
+    _check_shown(driver, labels, state["assignment"])
+    answers = answer(i, state["assignment"])
+    _label_by_keyboard(driver, answers)
+    answered[state["assignment"]] = answers
+    _wait(driver, lambda s, a=state["assignment"]: s["finished"] or
+          s["assignment"] not in (None, a), "the next pair")
+
+
+def test_the_documented_round(tiny_pipeline, tmp_path, browser):
+  """docs/labeling.md's round with its own commands: load, serve, the admin's link, labelling in
+  Chromium by two labelers (the second invited from the admin page) with the mouse, the keyboard,
+  a revision, a skip and a flag, 20 labels, the server killed under a pending save, the admin's
+  pages (flags, disagreements, downloads, revoking), then label_export and task=rm on the export
+  with no size chosen by hand."""
   _, source = tiny_pipeline
-  workdir = str(tmp_path / "run")
-  shutil.copytree(source, workdir)
-  shutil.rmtree(os.path.join(workdir, "rm"))  # task=rm below trains a fresh one on the labels.
+  root = str(tmp_path)
+  shutil.copytree(source, os.path.join(root, "runs", "quickstart"))
   port = _free_port()
   base = f"http://127.0.0.1:{port}"
-
-  loaded = main.run(_config("label_load", port), workdir)
-  pairs = loaded["pairs"]
-  assert loaded["added"] == pairs >= 3, loaded  # The tiny SFT and PPO differ on 3 of 8 prompts.
-  links = {}
-  for name, admin in (("ada", True), ("bob", False)):
-    capsys.readouterr()
-    link = main.run(_config("label_user", port, user=name, admin=admin), workdir)
-    printed = capsys.readouterr().out
-    found = re.findall(r"^(http://\S+/login#token=\S+)$", printed, re.M)
-    assert found == [link] and link.startswith(f"{base}/login#token="), printed
-    links[name] = link
+  doc = DocRound(root, port)
+  workdir = os.path.join(root, "runs", "quickstart")
+  out = doc.next("label_load")
+  assert re.search(r"label_load: (\d+) new pairs", out), out
   labels = Labels(os.path.join(workdir, "labeling", "labels.db"))
-
-  server = Server(_config("label_server", port), workdir, monkeypatch)
+  doc.serve()
   try:
+    out = doc.next("label_user")
+    links = re.findall(r"^(http://\S+/login#token=\S+)$", out, re.M)
+    assert len(links) == 1 and links[0].startswith(f"{base}/login#token="), out
     driver = browser
-    # Ada signs in with her link.
-    _sign_in(driver, links["ada"])
+
+    # One click: the link's page says it is ready, with the button focused; Enter presses it.
+    driver.get("about:blank")
+    driver.get(links[0])
+    _wait(driver, lambda s: s["path"] == "/login" and s["hash"] == "", "the token to leave the bar")
+    ready = driver.execute_script(
+        "return [!document.getElementById('ready').hidden, document.activeElement.id, "
+        "document.getElementById('paste').hidden];")
+    assert ready == [True, "sign-in", True]
+    _keys(driver, Keys.ENTER)
     first = _wait(driver, lambda s: s["assignment"], "the labeling page")
     assert first["path"] == "/" and first["done"] == "0" and first["current"] == "q-0"
-    assert first["checked"] == {}
 
-    # Pair 1 by mouse: click each answer's label, then Submit.
-    swapped = _check_shown(driver, labels, first["assignment"])
+    # The admin invites bob from the admin page.
+    driver.get(base + "/admin")
+    driver.find_element(By.LINK_TEXT, "Labelers: invite, revoke").click()
+    driver.find_element(By.ID, "invite-name").send_keys("bob")
+    driver.find_element(By.ID, "invite").click()
+    bob_link = WebDriverWait(driver, 10).until(
+        lambda d: d.find_element(By.ID, "invite-link")).get_attribute("value")
+    assert bob_link.startswith(f"{base}/login#token=")
+    assert "invited, not signed in yet" in driver.find_element(By.ID, "team").text
+
+    # Pair 1 by mouse, pair 2 by keyboard alone, then U revises pair 2.
+    driver.get(base + "/")
+    first = _wait(driver, lambda s: s["assignment"], "the labeling page")
     mouse = {"preference": "2", "left.overall": "6", "left.accuracy": "7", "left.coverage": "5",
              "left.coherence": "6", "right.overall": "3", "right.accuracy": "2",
              "right.coverage": "4", "right.coherence": "1"}
     for field in FIELDS:
       _click(driver, field, mouse[field])
-    assert _state(driver)["checked"] == mouse
     driver.find_element(By.ID, "submit").click()
     second = _wait(driver, lambda s: s["assignment"] not in (None, first["assignment"]),
                    "the next pair after a mouse submission")
     assert second["done"] == "1" and second["checked"] == {}
     _check_label(labels, first["assignment"], mouse)
-    row = labels.get(first["assignment"])
-    assert row["labeler"] == "ada" and bool(row["swapped"]) == swapped
-
-    # Pair 2 by keyboard alone. Enter before answering submits nothing.
-    _check_shown(driver, labels, second["assignment"])
     _keys(driver, Keys.ENTER)
-    state = _wait(driver, lambda s: "Answer every question" in s["status"],
-                  "the missing-answer hint")
-    assert state["assignment"] == second["assignment"] and state["done"] == "1"
-    _keys(driver, "8")
-    assert _state(driver)["current"] == "q-1"  # An answer moves on to the next question.
-    _keys(driver, "1", "2", "3", "4")
-    assert _state(driver)["current"] == "q-5"
-    _keys(driver, Keys.ARROW_UP, "7")  # Back to the left summary's coherence: 4 becomes 7.
-    _keys(driver, "5", "6", "7", "1")
+    _wait(driver, lambda s: "Answer every question" in s["status"], "the missing-answer hint")
     keyboard = {"preference": "8", "left.overall": "1", "left.accuracy": "2", "left.coverage": "3",
                 "left.coherence": "7", "right.overall": "5", "right.accuracy": "6",
                 "right.coverage": "7", "right.coherence": "1"}
+    _keys(driver, "8", "1", "2", "3", "4")
+    assert _state(driver)["current"] == "q-5"
+    _keys(driver, Keys.ARROW_UP, "7", "5", "6", "7", "1")
     assert _state(driver)["checked"] == keyboard
     _keys(driver, Keys.ENTER)
     third = _wait(driver, lambda s: s["assignment"] not in (None, second["assignment"]),
                   "the next pair after a keyboard submission")
-    assert third["done"] == "2"
     _check_label(labels, second["assignment"], keyboard)
-
-    # U opens the last label with its answers; changing one revises it, no new label.
     _keys(driver, "u")
     edit = _wait(driver, lambda s: s["path"] == f"/label/{second['assignment']}", "the last label")
-    assert edit["assignment"] == second["assignment"] and edit["checked"] == keyboard
-    assert "Saved earlier" in edit["status"] and edit["done"] == "2"
-    _keys(driver, "3", Keys.ENTER)  # The preference question is highlighted: 8 becomes 3.
+    assert edit["checked"] == keyboard and "Saved earlier" in edit["status"]
+    _keys(driver, "3", Keys.ENTER)
     back = _wait(driver, lambda s: s["path"] == "/" and s["assignment"],
                  "the page after a revision")
-    assert back["assignment"] == third["assignment"] and back["done"] == "2"
+    assert back["assignment"] == third["assignment"]
     _check_label(labels, second["assignment"], {**keyboard, "preference": "3"}, revisions=1)
-    assert len(labels.rows()) == 2
+    answered = {first["assignment"]: mouse, second["assignment"]: {**keyboard, "preference": "3"}}
 
-    # Pair 3 by keyboard.
-    last = {**keyboard, "preference": "9"}
-    _label_by_keyboard(driver, last)
-    state = _wait(driver, lambda s: s["done"] == "3" and s["assignment"] != third["assignment"],
-                  "the page after pair 3")
-    _check_label(labels, third["assignment"], last)
-    answered = {first["assignment"]: mouse, second["assignment"]: {**keyboard, "preference": "3"},
-                third["assignment"]: last}
+    # S skips the pair; F opens the flag box, the comment is typed (its digits answer nothing).
+    _keys(driver, "s")
+    skipped = third["assignment"]
+    fourth = _wait(driver, lambda s: s["assignment"] not in (None, skipped),
+                   "the pair after a skip")
+    assert labels.assignment(skipped)["skipped"] is not None
+    _keys(driver, "f")
+    WebDriverWait(driver, 5).until(lambda d: d.switch_to.active_element.get_attribute("id") ==
+                                   "flag-comment")
+    _keys(driver, "Summary B is cut off after 12 words")
+    assert _state(driver)["checked"] == {}
+    driver.find_element(By.ID, "flag").click()
+    fifth = _wait(driver, lambda s: s["assignment"] not in (None, fourth["assignment"]),
+                  "the pair after a flag")
 
-    # A spent link does not sign in again, in a browser without Ada's session.
+    # The server dies under a pending save: the fixed status bar says so, in view after keyboard
+    # labelling; the label is stored once the server is back.
+    doc.kill()
+    pending = dict(zip(FIELDS, "927364517"))
+    _label_by_keyboard(driver, pending)
+    _wait(driver, lambda s: "Not saved yet" in (s["status"] or ""), "the pending save")
+    bar = driver.execute_script(
+        "const r = document.getElementById('statusbar').getBoundingClientRect();"
+        "return [r.top >= 0, r.bottom <= window.innerHeight, r.height > 0, "
+        "document.getElementById('statusbar').className, window.scrollY];")
+    assert bar[:4] == [True, True, True, "pending"], bar
+    doc.serve()
+    _wait(driver, lambda s: s["done"] == "3" and s["assignment"] != fifth["assignment"],
+          "the pending label delivered after the restart", timeout=60)
+    answered[fifth["assignment"]] = pending
+    _check_label(labels, fifth["assignment"], pending)
+
+    # Ada labels 7 more (10 labels), Bob signs in with his invitation and labels 10.
+    _label_pairs(driver, labels, 7, lambda i, _: dict(zip(FIELDS, "19"[i % 2] + "27364517")),
+                 answered)
+    ada_cookies = driver.get_cookies()
     driver.delete_all_cookies()
-    _sign_in(driver, links["ada"])
-    state = _wait(driver, lambda s: s["error"], "the sign-in error")
-    assert "not valid" in state["error"]
-    assert "rlhfjax_session" not in {c["name"] for c in driver.get_cookies()}
-    driver.get(base + "/")
-    assert _state(driver)["path"] == "/login"
+    _sign_in(driver, bob_link)
 
-    # Bob labels until nothing is left for him.
-    _sign_in(driver, links["bob"])
-    state = _wait(driver, lambda s: s["assignment"] or s["finished"], "Bob's first pair")
-    for n in range(pairs + 1):
-      if state["finished"]:
-        break
-      assert state["done"] == str(n)
-      likert = "27364517"[n:] + "27364517"[:n]
-      answers = dict(zip(FIELDS, "19"[n % 2] + likert))  # Preference 1 or 9: never a tie.
-      _label_by_keyboard(driver, answers)
-      answered[state["assignment"]] = answers
-      old = state["assignment"]
-      state = _wait(driver, lambda s, old=old: s["finished"] or s["assignment"] not in (None, old),
-                    "Bob's next pair")
-    assert state["finished"], "Bob was still given pairs after labelling each once"
+    def against_ada(i: int, assignment: str) -> dict[str, str]:
+      """Bob prefers the other response wherever Ada labelled the pair (so they disagree)."""
+      mine = labels.assignment(assignment)
+      hers = [r["preference"] for r in labels.rows() if r["labeler"] == "ada" and
+              (r["response_a"], r["response_b"]) == (mine["response_a"], mine["response_b"])]
+      wants_b = hers[0] == 0.0 if hers else i % 2 == 0
+      return dict(zip(FIELDS, ("1" if wants_b == bool(mine["swapped"]) else "9") + "57364217"))
+    _label_pairs(driver, labels, 10, against_ada, answered)
+    bob_cookies = driver.get_cookies()
+    assert driver.execute_script("return document.querySelector('a[href=\"/admin\"]')") is None
+    driver.get(base + "/admin/disagreements")
+    assert "admins only" in driver.find_element(By.CSS_SELECTOR, ".error").text
     driver.get(base + "/mine")
-    assert len(driver.find_elements(By.CSS_SELECTOR, "#mine tbody tr")) == pairs
-
+    rows = driver.find_elements(By.CSS_SELECTOR, "#mine tbody tr")
+    assert len(rows) == 10 and "better" in rows[0].text and "UTC" in rows[0].text
+    driver.find_element(By.LINK_TEXT, "Guidelines").click()
+    WebDriverWait(driver, 10).until(lambda d: "9-point" in d.find_element(By.ID, "guidelines").text)
     rows = labels.rows()
-    assert sorted(str(r["assignment_id"]) for r in rows) == sorted(answered)
+    assert len(rows) == 20 and {r["labeler"] for r in rows} == {"ada", "bob"}
     for r in rows:
       _check_label(labels, str(r["assignment_id"]), answered[str(r["assignment_id"])],
                    revisions=int(str(r["assignment_id"]) == second["assignment"]))
-    assert {r["labeler"] for r in rows} == {"ada", "bob"}
-    complete = {r["uid"] for r in rows if sum(x["uid"] == r["uid"] for x in rows) == 2}
-    assert len(complete) == 3  # Ada's three pairs.
+
+    # The admin: the flag (released), the disagreements, a download, revoking bob.
+    driver.delete_all_cookies()
+    for c in ada_cookies:
+      driver.add_cookie(c)
+    driver.get(base + "/admin/flags")
+    assert "Summary B is cut off" in driver.find_element(By.CSS_SELECTOR, ".flag").text
+    driver.find_element(By.CSS_SELECTOR, ".flag button[value=release]").click()
+    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "no-flags"))
+    driver.get(base + "/admin/disagreements")
+    split = driver.find_elements(By.CSS_SELECTOR, ".disagreement")
+    assert split and all({"ada", "bob"} <= {td.text for td in d.find_elements(
+        By.CSS_SELECTOR, ".answers td:first-child")} for d in split)
+    driver.get(base + "/admin")
+    downloads = os.path.join(root, "downloads")
+    os.makedirs(downloads)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                           {"behavior": "allow", "downloadPath": downloads})
+    driver.find_element(By.CSS_SELECTOR, 'a[href="/admin/export/openai/train"]').click()
+    target = os.path.join(downloads, "train.jsonl")
+    deadline = time.time() + 20
+    while not os.path.exists(target) and time.time() < deadline:
+      time.sleep(0.1)
+    downloaded = open(target, encoding="utf-8").read()
+    driver.get(base + "/admin/labelers")
+    driver.find_element(By.CSS_SELECTOR, 'tr[data-name="bob"] form.revoke button').click()
+    WebDriverWait(driver, 10).until(lambda d: "revoked" in d.find_element(
+        By.CSS_SELECTOR, 'tr[data-name="bob"] .status').text)
+    driver.delete_all_cookies()
+    for c in bob_cookies:
+      driver.add_cookie(c)
+    driver.get(base + "/")
+    assert _state(driver)["path"] == "/login"  # Bob's session ended.
   finally:
-    server.stop()
+    doc.stop()
+  server_log = open(doc.log).read()
+  assert "sign-in: ada from 127.0.0.1" in server_log and "sign-in: bob" in server_log
+  assert re.search(r"127\.0\.0\.1 POST /label/\d+ 200 \d+ms ada", server_log)
+  assert "token=" not in server_log and "Traceback" not in server_log
 
-  # The labels as comparison files, and a reward model trained on them.
-  paths = main.run(_config("label_export", port), workdir)
-  train, problems = records.read(paths["train"], "openai")
-  valid, _ = records.read(paths["valid"], "openai")
-  assert not problems and len(train) == len(rows) and not valid  # labeling.valid_fraction=0.
-  by_pair = {}
-  for r in rows:
-    by_pair.setdefault((r["uid"], r["labeler"]), r)
-  for c in train:
-    r = by_pair[(c.extra["pair"], c.annotator)]
-    assert (c.response_a, c.response_b) == (r["response_a"], r["response_b"])
-    assert c.choice == int(r["preference"] == 1.0) and not c.tie
-    assert c.confidence == json.loads(r["answers"])["extra"]["confidence"]
-  assert os.path.exists(paths["agreement"])
-
-  config = _config("rm", port)
-  config.rm.update(train_file=paths["train"], valid_file=paths["train"], batch_size=2)
-  report = main.run(config, workdir)
-  assert report
-  metrics = [json.loads(line) for line in open(os.path.join(workdir, "rm", "metrics.jsonl"))]
-  steps = len(train) // 2
-  losses = [m["train/loss"] for m in metrics if "train/loss" in m]
-  assert max(m["step"] for m in metrics) == steps and losses and all(map(math.isfinite, losses))
-  assert os.listdir(os.path.join(workdir, "rm", "model"))
-  assert os.path.exists(os.path.join(workdir, "rm", "eval.json"))
+  # Work out, and a reward model trained on the export with the doc's commands.
+  out = doc.next("label_export")
+  counts = dict(re.findall(r"export/(train|valid)\.jsonl: (\d+) labels", out))
+  assert int(counts["train"]) + int(counts["valid"]) == 20 and int(counts["valid"]) > 0, out
+  export = os.path.join(workdir, "labeling", "export")
+  assert open(os.path.join(export, "train.jsonl"), encoding="utf-8").read() == downloaded
+  doc.next("cp -r")
+  out = doc.next("--config.task=rm")
+  human = os.path.join(root, "runs", "human_rm", "rm")
+  assert os.listdir(os.path.join(human, "model")), out
+  report = json.load(open(os.path.join(human, "eval.json")))
+  assert "human" in report["label_source"] and "2 labelers" in report["label_source"], report
+  assert len(doc.done) == len(doc.commands)
 
 
 @pytest.mark.skipif(os.environ.get("RLHFJAX_SCREENSHOT") != "1",
-                    reason="set RLHFJAX_SCREENSHOT=1 to write docs/img/labeling.png")
+                    reason="set RLHFJAX_SCREENSHOT=1 to write docs/img/labeling*.png")
 def test_screenshot(tmp_path, browser, monkeypatch):
-  """docs/img/labeling.png: the page at 1280x900 with two answers given, on pairs with readable
-  text (a test post's reference summary against a copy with one fact made wrong)."""
+  """docs/img/labeling.png (the page at 1280x900 with two answers given), labeling-mine.png and
+  labeling-admin.png, on pairs with readable text (a test post's reference summary against a copy
+  with one fact made wrong), two labelers answering as careful ones would."""
   workdir, port = str(tmp_path), _free_port()
+  base = f"http://127.0.0.1:{port}"
   path = os.path.join(workdir, "pairs.jsonl")
   config = _config("label_load", port)
   comps = contrast.comparisons(pipeline.load_splits(config.data)["test"], 0)[:8]
   records.write(path, comps, "openai")
   right_answers = {c.response_b if c.choice else c.response_a for c in comps}
   main.run(_config("label_load", port, source=f"comparisons:{path}"), workdir)
-  link = main.run(_config("label_user", port, user="ada"), workdir)
+  links = {name: main.run(_config("label_user", port, user=name, admin=name == "ada"), workdir)
+           for name in ("ada", "bob")}
   server = Server(_config("label_server", port), workdir, monkeypatch)
+
+  def shot(name: str) -> None:
+    browser.execute_script("window.scrollTo(0, 0)")
+    browser.save_screenshot(os.path.join(os.path.dirname(SCREENSHOT), name))
+
+  def careful(good_left: bool, rating: str) -> dict[str, str]:
+    better, worse = ("6576", "3354") if good_left else ("3354", "6576")
+    return dict(zip(FIELDS, rating + better + worse))
+
   try:
     browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                             {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False})
-    _sign_in(browser, link)
-    _wait(browser, lambda s: s["assignment"], "the labeling page")
+    for name, pairs in (("bob", 3), ("ada", 3)):
+      browser.delete_all_cookies()
+      _sign_in(browser, links[name])
+      for n in range(pairs):
+        _wait(browser, lambda s: s["assignment"], "the labeling page")
+        left = browser.execute_script("return document.querySelector('#left .text').textContent")
+        good_left = left in right_answers
+        rating = ("2" if good_left else "8") if n or name == "bob" else ("7" if good_left else "3")
+        _label_by_keyboard(browser, careful(good_left, rating))
+        _wait(browser, lambda s: s["done"] == str(n + 1), "the next pair")
+    state = _wait(browser, lambda s: s["assignment"], "the labeling page")
     left = browser.execute_script("return document.querySelector('#left .text').textContent")
     good_left = left in right_answers  # Answer as a careful labeler would.
     _click(browser, "preference", "3" if good_left else "7")
     _click(browser, "left.overall", "6" if good_left else "3")
-    browser.execute_script("window.scrollTo(0, 0)")
+    assert state["assignment"]
     os.makedirs(os.path.dirname(SCREENSHOT), exist_ok=True)
-    browser.save_screenshot(SCREENSHOT)
+    shot("labeling.png")
+    browser.get(base + "/mine")
+    shot("labeling-mine.png")
+    browser.get(base + "/admin")
+    shot("labeling-admin.png")
+    browser.get(base + "/admin/disagreements")
+    shot("labeling-disagreements.png")
   finally:
+    browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     server.stop()
 
 
@@ -507,7 +678,7 @@ def _pair(n: int, text: str = "") -> dict:
   """A pair whose every text is `text` after a label of its own (so each can be found)."""
   prompt = {"id": f"p{n}", "prompt": f"prompt {n} {text}", "title": f"title {n} {text}",
             "subreddit": f"sub{n} {text}", "input": f"input {n} {text}"}
-  return sources.item(prompt, f"summary A{n} {text}", f"summary B{n} {text}", "a", "b", 0.0)
+  return sources.item(prompt, f"summary A{n} {text}", f"summary B{n} {text}", "a", "b", "train")
 
 
 # Markup in model outputs and data: an element, a script, and a quote that ends an attribute.

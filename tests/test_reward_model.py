@@ -1,9 +1,11 @@
 """Reward model: the Bradley–Terry loss by hand, the score read at the last real token, normalisation,
 training that learns, and the SFT -> label -> RM pipeline with its outputs and reruns."""
 
+import dataclasses
 import functools
 import json
 import math
+import shutil
 import types
 
 import jax
@@ -14,8 +16,9 @@ import pytest
 
 from rlhfjax import main
 from rlhfjax.algorithms import reward_model
-from rlhfjax.errors import ConfigError
+from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import agreement
+from rlhfjax.evaluation import rm_report
 from rlhfjax.feedback import records
 from rlhfjax.models import heads
 from rlhfjax.models import policy
@@ -197,6 +200,8 @@ def test_pipeline_writes_comparisons_model_and_report(pipeline_run):
               "likelihood_accuracy_gold", "margin"):
     assert key in report, key
   assert len(report["probes"]) == 8 and len(report["agreement"]["names"]) == 10
+  assert report["label_source"] == "training pool, 25% flipped"
+  assert report["agreement"]["names"][0] == "train pool"
   split = report["by_component"]
   assert set(split) <= set(agreement.DECIDING) and split, split
   assert all(set(row) == {"pairs", "RM", "length", "SFT mean log p", "training labels"}
@@ -243,7 +248,6 @@ def test_rm_without_comparisons_names_the_task(tmp_path):
 
 
 def test_a_copied_workdir_keeps_its_reward_model(pipeline_run, tmp_path):
-  import shutil
   config, workdir, report = pipeline_run
   copy = str(tmp_path / "copy")
   shutil.copytree(workdir, copy)
@@ -277,3 +281,118 @@ def test_contrastive_pairs_train_with_the_labels(pipeline_run, tmp_path):
   with_pairs.rm.contrast_weight = 0.5
   with pytest.raises(ConfigError, match="rm/model"):
     main.run(with_pairs, copy)
+
+
+def _exp(data_parallel=1, **rm):
+  """A stand-in experiment: the `rm` and `annotators` blocks and the mesh's data-parallel size."""
+  config = ml_collections.ConfigDict(dict(rm=rm, annotators=dict(flip_rate=0.25)))
+  return types.SimpleNamespace(config=config,
+                               parallel=types.SimpleNamespace(data_parallel=data_parallel))
+
+
+def test_train_batch_size_fits_a_small_round_of_labels():
+  fit = lambda pairs, dp=1, **rm: reward_model.train_batch_size(
+      _exp(dp, **{"batch_size": 32, "epochs": 1.0, **rm}), pairs, "f.jsonl")
+  assert fit(4000) == (32, "") and fit(32) == (32, "")
+  assert fit(20, epochs=2.0, batch_size=20) == (20, "")
+  assert fit(14) == (14, "rm: rm.batch_size 32 is more than the 14 pairs x 1 epoch of f.jsonl: "
+                         "training with batch 14 (set rm.batch_size to choose another)")
+  assert fit(15, dp=2)[0] == 14  # Splits over the data-parallel devices.
+  assert fit(40, epochs=0.5)[0] == 20
+  # More epochs do not make a batch larger than the pairs: it holds each pair once.
+  assert fit(14, epochs=3.0) == (14, "rm: rm.batch_size 32 is more than the 14 pairs of f.jsonl: "
+                                     "training with batch 14 (set rm.batch_size to choose another)")
+  with pytest.raises(ConfigError, match=r"rm\.batch_size \(32\): the 1 pair x 1 epoch of f\.jsonl "
+                     r"fill a batch of at most 1, fewer than the mesh's 2 data-parallel devices "
+                     r".*; it needs at least 2 decisive pairs"):
+    fit(1, dp=2)
+  with pytest.raises(ConfigError, match=r"rm\.batch_size \(32\): the 5 pairs x 0\.1 epochs .*"
+                     r"set rm\.epochs=1"):
+    fit(5, epochs=0.1)
+
+
+def _comparison(annotator, batch):
+  return records.Comparison(prompt="p", response_a="a", response_b="b", choice=0,
+                            annotator=annotator, batch=batch)
+
+
+def test_label_source_names_where_the_labels_came_from():
+  exp = _exp()
+  pool = [_comparison("train_pool", "label")] * 3
+  human = [_comparison(name, "labeling round: stiennon") for name in ("ada", "bob", "cy", "ada")]
+  openai = [_comparison("w1", "batch3"), _comparison("w2", "batch3")]
+  assert rm_report.label_source(exp, "x.jsonl", pool) == "training pool, 25% flipped"
+  exp.config.annotators.flip_rate = 0.125
+  assert rm_report.label_source(exp, "x.jsonl", pool) == "training pool, 12.5% flipped"
+  assert rm_report.label_source(exp, "e/train.jsonl", human) == (
+      "human labels from a labeling round: 3 labelers, stiennon protocol, e/train.jsonl")
+  assert rm_report.label_source(exp, "o.jsonl", openai) == "labels of o.jsonl"
+  for source in ("training pool, 25% flipped", "human labels from a labeling round: 3 labelers, "
+                 "stiennon protocol, e/train.jsonl", "labels of o.jsonl"):
+    text = rm_report.format_report({"pairs": 2, "label_source": source, "accuracy": 0.5,
+                                    "train_accuracy": 1.0, "margin": 0.25})
+    assert text.splitlines()[1] == (f"- accuracy on the labels it learns from ({source}): 50.0% "
+                                    "held out, 100.0% on training pairs")
+
+
+def test_a_small_round_of_human_labels_trains_and_names_its_source(pipeline_run, tmp_path,
+                                                                   capsys):
+  """A labeling round's export: 5 decisive labels and a tie from 3 labelers train with the batch
+  they fill (the config's is 8), on 2 decisive validation pairs; a rerun reuses the model, a
+  resume from the checkpoint gives the same model, and files with nothing decisive are refused."""
+  config, workdir, _ = pipeline_run
+  work = str(tmp_path / "work")
+  shutil.copytree(workdir, work, ignore=shutil.ignore_patterns("rm"))
+  export = tmp_path / "export"
+  export.mkdir()
+
+  def human(split, n, tie):
+    comps = records.read_strict(f"{workdir}/label/{split}.jsonl", "openai")[:n]
+    return [dataclasses.replace(c, annotator=("ada", "bob", "cy")[i % 3],
+                                batch="labeling round: stiennon", tie=i == tie)
+            for i, c in enumerate(comps)]
+
+  files = {name: str(export / f"{name}.jsonl") for name in ("train", "valid", "ties", "empty")}
+  records.write(files["train"], human("train", 6, 2), "openai")
+  records.write(files["valid"], human("valid", 3, 0), "openai")
+  records.write(files["ties"], [dataclasses.replace(c, tie=True) for c in human("valid", 2, 0)],
+                "openai")
+  records.write(files["empty"], [], "openai")
+  small = config.copy_and_resolve_references()
+  small.stages, small.rm.train_file = "rm", files["train"]
+  for bad in ("ties", "empty"):
+    small.rm.valid_file = files[bad]
+    with pytest.raises(DataError, match=r"rm\.valid_file needs at least one pair with a preferred "
+                       "side"):
+      main.run(small, work)
+  small.rm.valid_file = files["valid"]
+  impossible = small.copy_and_resolve_references()
+  impossible.rm.epochs = 0.1
+  with pytest.raises(ConfigError, match=r"rm\.batch_size \(8\): the 5 pairs x 0\.1 epochs"):
+    main.run(impossible, work)
+  capsys.readouterr()
+
+  report = main.run(small, work)
+  out = capsys.readouterr().out
+  assert (f"rm: rm.batch_size 8 is more than the 5 pairs x 1 epoch of {files['train']}: training "
+          "with batch 5 (set rm.batch_size to choose another)") in out
+  # One step: no warm-up, so it trains at rm.lr rather than 0.
+  assert "rm: rm.warmup_steps 1 is more than the run's 1 step: warming up over 0" in out
+  source = f"human labels from a labeling round: 3 labelers, stiennon protocol, {files['train']}"
+  assert report["label_source"] == source and report["pairs"] == 2
+  assert report["agreement"]["names"][0] == "labels"
+  with open(f"{work}/rm/eval.md") as f:
+    assert f"({source})" in f.read()
+  with open(f"{work}/rm/metrics.jsonl") as f:
+    assert [json.loads(line)["step"] for line in f] == [1]
+  from rlhfjax.training import experiment
+  exp = experiment.prepare(small, work)
+  params, meta = reward_model.load(exp)
+  assert meta["rm"]["batch_size"] == 5
+
+  assert main.run(small, work)["accuracy"] == report["accuracy"]  # Reused: the same settings.
+  assert "training with batch" not in capsys.readouterr().out
+  shutil.rmtree(f"{work}/rm/model")  # Resumed from the final checkpoint: the same model.
+  main.run(small, work)
+  again, _ = reward_model.load(exp)
+  jax.tree.map(np.testing.assert_array_equal, params, again)

@@ -137,16 +137,18 @@ def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, s
   return out
 
 
-def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
+def load_comparisons(path: str, layout: str, key: str = "") -> list[records.Comparison]:
   """The usable comparisons of `path`: malformed lines are reported (file:line) and skipped, ties
-  are counted and left out."""
+  are counted and left out. `key` names the config key that chose the file, for the error when
+  nothing decisive is left."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
+  needs = f"{key} needs at least one pair with a preferred side" if key else ""
   comps, problems = records.read(path, layout)
   if not comps:
     first = f": {problems[0]} (and {len(problems) - 1} more; is the layout {layout!r} right?)" \
-        if problems else ": the file is empty"
+        if problems else ": the file is empty" + (f" ({needs})" if needs else "")
     raise DataError(f"{path} holds no comparisons{first}")
   for p in problems[:5]:
     metrics_lib.info(f"skipping malformed comparison: {p}")
@@ -157,7 +159,7 @@ def load_comparisons(path: str, layout: str) -> list[records.Comparison]:
     metrics_lib.info(f"{path}: leaving out {ties} ties of {len(comps)} comparisons")
     comps = [c for c in comps if not c.tie]
   if not comps:
-    raise DataError(f"{path} holds only ties, which the reward model cannot learn from")
+    raise DataError(f"{path} holds only ties ({ties}): {needs or 'no pair has a preferred side'}")
   return comps
 
 
@@ -179,29 +181,56 @@ def param_axes(exp: experiment.Experiment) -> dict:
   return {**axes, LIKELIHOOD: {"weight": ()}} if exp.config.rm.likelihood_weight else axes
 
 
-def _meta(exp: experiment.Experiment, files: dict[str, str]) -> dict:
-  """What determines the trained reward model; resuming under other values is refused."""
+def _meta(exp: experiment.Experiment, files: dict[str, str], batch_size: int) -> dict:
+  """What determines the trained reward model; resuming under other values is refused. The batch
+  size recorded is the one trained with (`batch_size`)."""
   skip = ("log_every", "eval_every", "eval_batch_size", "probe_examples", "bootstrap")
   rm = {k: v for k, v in exp.config.rm.items() if k not in skip}
   if not rm.get("contrast_batch_size"):  # Without contrastive pairs their settings play no part.
     rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
-          "rm": rm,
+          "rm": {**rm, "batch_size": batch_size},
           "files": files_meta(exp, files), **exp.lora_meta("rm"), **exp.remat_meta("rm")}
+
+
+def train_batch_size(exp: experiment.Experiment, pairs: int, path: str) -> tuple[int, str]:
+  """`rm.batch_size`, or, when the `pairs` decisive pairs of `path` fill no such batch (a small
+  round of human labels), the largest batch they fill that splits over the data-parallel devices,
+  with a line that says so. A batch holds each pair at most once (`pipeline.batch_indices`)."""
+  c, dp = exp.config.rm, exp.parallel.data_parallel
+  fits = min(pairs, int(c.epochs * pairs))
+  if c.batch_size <= fits:
+    return c.batch_size, ""
+  what = f"{pairs} pair{'s' * (pairs != 1)}" + (
+      f" x {c.epochs:g} epoch{'s' * (c.epochs != 1)}" if c.epochs <= 1 else "")
+  if fits < dp:
+    fix = "set rm.epochs=1" if pairs >= dp else f"it needs at least {dp} decisive pairs"
+    raise ConfigError(f"rm.batch_size ({c.batch_size}): the {what} of {path} fill a batch of at "
+                      f"most {fits}, fewer than the mesh's {dp} data-parallel devices (a batch "
+                      f"needs one pair for each); {fix}")
+  size = fits - fits % dp
+  return size, (f"rm: rm.batch_size {c.batch_size} is more than the {what} of {path}: training "
+                f"with batch {size} (set rm.batch_size to choose another)")
 
 
 def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
           val_comps: Sequence[records.Comparison], meta: dict) -> TrainState:
-  """Trains (or resumes) the reward model in `<workdir>/rm/checkpoints`."""
+  """Trains (or resumes) the reward model in `<workdir>/rm/checkpoints`, with the batch size of
+  `meta` (`batch_size`)."""
   config, c, fmt = exp.config, exp.config.rm, exp.config.format
   data = pipeline.encode_comparisons(exp.tokenizer, train_comps, fmt.prompt_len, fmt.response_len)
   val = pipeline.encode_comparisons(exp.tokenizer, val_comps, fmt.prompt_len, fmt.response_len)
-  steps = int(c.epochs * len(train_comps)) // c.batch_size
-  if steps <= 0:
-    raise ConfigError(f"rm.batch_size ({c.batch_size}) exceeds rm.epochs x {len(train_comps)} pairs")
+  bs = meta["rm"]["batch_size"]
+  steps = int(c.epochs * len(train_comps)) // bs
   par = exp.parallel
-  par.check_batch("rm.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps, exp.trainable("rm"))
+  par.check_batch("rm.batch_size", bs)
+  # A run shorter than its warm-up (a small round of labels) would never leave it, and one step
+  # would train at learning rate 0: its last step reaches rm.lr.
+  warmup = min(c.warmup_steps, steps - 1)
+  if warmup < c.warmup_steps:
+    metrics_lib.info(f"rm: rm.warmup_steps {c.warmup_steps} is more than the run's {steps} "
+                     f"step{'s' * (steps != 1)}: warming up over {warmup}")
+  tx = optimizer.adamw({**c.to_dict(), "warmup_steps": warmup}, steps, exp.trainable("rm"))
   lora_key = jax.random.fold_in(jax.random.key(config.seed), 5)
 
   def make(sft_params):
@@ -237,7 +266,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_step(state, step):
-    idx = pipeline.batch_indices(len(train_comps), c.batch_size, config.seed, step)
+    idx = pipeline.batch_indices(len(train_comps), bs, config.seed, step)
     batch = par.put_batch(data, idx)
     if contrast_data is not None:
       cidx = pipeline.batch_indices(len(contrast_data["prompt"]), c.contrast_batch_size,
@@ -256,7 +285,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
     return out
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
-                   2 * c.batch_size * (fmt.prompt_len + fmt.response_len), "rm", meta,
+                   2 * bs * (fmt.prompt_len + fmt.response_len), "rm", meta,
                    c.get("skip_nonfinite", 0))
   writer.close()
   ckpt.close()
@@ -325,8 +354,10 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   c = exp.config.rm
   if c.normalize not in NORMALIZE:
     raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
-  val_comps = load_comparisons(files["valid"], c.layout)
-  meta = _meta(exp, files)
+  val_comps = load_comparisons(files["valid"], c.layout, "rm.valid_file")
+  train_comps = load_comparisons(files["train"], c.layout, "rm.train_file")
+  size, why = train_batch_size(exp, len(train_comps), files["train"])
+  meta = _meta(exp, files, size)
   model_dir = f"{exp.workdir}/rm/model"
   if checkpoint.latest_step(model_dir) == 1:
     params, stored = load(exp)
@@ -337,7 +368,8 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
     metrics_lib.info(f"reward model already trained: {model_dir}" + (
         f" (settings since changed: {', '.join(changed)})" if changed else ""))
     return params, stored
-  train_comps = load_comparisons(files["train"], c.layout)
+  if why:
+    metrics_lib.info(why)
   sft_params = sft.load_policy(exp)
   state = train(exp, sft_params, train_comps, val_comps, meta)
   # Adapters merged: `rm/model` is a plain reward model, whatever trained it.

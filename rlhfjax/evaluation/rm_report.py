@@ -1,10 +1,11 @@
 """The reward model's report (the second half of task=rm): how well it learned the preferences.
 
-Reported: train/val accuracy on the (noisy) labels it was trained on, accuracy against the noiseless
-evaluation pool and against the gold argmax (gold ties excluded), the mean margin, the length-only
-heuristic beside it, that agreement split by the gold component that decides each pair (an
-omission, a wrong fact, ...), the probe table (Stiennon et al. Table 18) and the agreement table
-between labelers and heuristics (their Table 20). Written to `<workdir>/rm/eval.json` and `eval.md`.
+Reported: where its labels came from (`label_source`: the simulated training pool, a round of human
+labels, or a file), train/val accuracy on those labels, accuracy against the noiseless evaluation
+pool and against the gold argmax (gold ties excluded), the mean margin, the length-only heuristic
+beside it, that agreement split by the gold component that decides each pair (an omission, a wrong
+fact, ...), the probe table (Stiennon et al. Table 18) and the agreement table between labelers and
+heuristics (their Table 20). Written to `<workdir>/rm/eval.json` and `eval.md`.
 """
 
 from __future__ import annotations
@@ -49,18 +50,40 @@ def _judge(params: dict, exp: experiment.Experiment,
   return agreement.prefer_higher(sa, sb), labels, np.where(labels == 1, sb - sa, sa - sb)
 
 
+def _from_training_pool(comps: Sequence[records.Comparison]) -> bool:
+  """Whether task=label's simulated training pool made these comparisons."""
+  return all(c.annotator == "train_pool" for c in comps)
+
+
+def label_source(exp: experiment.Experiment, path: str,
+                 comps: Sequence[records.Comparison]) -> str:
+  """Where the comparisons of `path` came from, in words for the report: the simulated training
+  pool (its flip rate), a round of the labeling site (its labelers and protocol), or the file."""
+  if _from_training_pool(comps):
+    return f"training pool, {100 * exp.config.annotators.flip_rate:g}% flipped"
+  prefix = records.LABELING_ROUND + ": "
+  batches = {c.batch for c in comps}
+  if comps and all(b.startswith(prefix) for b in batches):  # The labeling site's export.
+    protocols = sorted(b[len(prefix):] for b in batches)
+    n = len({c.annotator for c in comps})
+    return (f"human labels from a labeling round: {n} labeler{'s' * (n != 1)}, "
+            f"{', '.join(protocols)} protocol{'s' * (len(protocols) != 1)}, {path}")
+  return f"labels of {path}"
+
+
 def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
   val_comps = reward_model.load_comparisons(files["valid"], c.layout)
+  train_comps = reward_model.load_comparisons(files["train"], c.layout)
   # Training accuracy on as many training pairs as there are held-out ones.
-  train_pref, train_labels, _ = _judge(
-      params, exp, reward_model.load_comparisons(files["train"], c.layout)[:len(val_comps)])
+  train_pref, train_labels, _ = _judge(params, exp, train_comps[:len(val_comps)])
   rm_pref, labels, margin = _judge(params, exp, val_comps)
   a = [x.response_a for x in val_comps]
   b = [x.response_b for x in val_comps]
   report: dict[str, Any] = {"pairs": len(val_comps),
+                            "label_source": label_source(exp, files["train"], train_comps),
                             "train_accuracy": agreement.agreement(train_pref, train_labels),
                             "accuracy": agreement.agreement(rm_pref, labels),
                             "margin": float(margin.mean())}
@@ -83,7 +106,8 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
   heuristics = heuristic_preferences(exp, sft_params, examples, a, b)
   report["likelihood_accuracy_gold"] = agreement.accuracy_against(heuristics["SFT mean log p"],
                                                                  gold_pref)
-  prefs = {"train pool": labels, "eval pool": eval_labels,
+  prefs = {"train pool" if _from_training_pool(val_comps) else "labels": labels,
+           "eval pool": eval_labels,
            "single": pools["single"].annotate(examples, a, b, rng), "gold": gold_pref,
            "RM": rm_pref, **heuristics}
   mean, se = agreement.agreement_matrix(prefs, rng, c.bootstrap)
@@ -135,8 +159,9 @@ def sft_log_probs(params: Any, exp: experiment.Experiment,
 
 
 def format_report(report: dict[str, Any]) -> str:
+  """The report as text (`eval.md`)."""
   lines = [f"Reward model on {report['pairs']} held-out pairs:",
-           f"- accuracy on the labels it learns from (training pool, 25% flipped): "
+           f"- accuracy on the labels it learns from ({report['label_source']}): "
            f"{100 * report['accuracy']:.1f}% held out, {100 * report['train_accuracy']:.1f}% on "
            "training pairs"]
   if "accuracy_gold" in report:

@@ -114,6 +114,8 @@ def to_openai(c: Comparison) -> dict:
 
 
 ALPACA_TIE = 1.5  # AlpacaEval's preference for a tie.
+# The `batch` of labels exported by the labeling site: "labeling round: <protocol>".
+LABELING_ROUND = "labeling round"
 
 
 def from_alpaca(row: dict) -> Comparison:

@@ -22,8 +22,9 @@ from rlhfjax.labeling import report
 from rlhfjax.training import experiment
 
 
-def to_record(row: Mapping, batch: str) -> records.Comparison:
-  """A `Store.labels()` row as a comparison record."""
+def to_record(row: Mapping, protocol: str) -> records.Comparison:
+  """A `Store.labels()` row as a comparison record; its `batch` says a labeling round under
+  `protocol` made it (what task=rm's report reads)."""
   answers = json.loads(row["answers"])
   extra = dict(answers.get("extra") or {})
   confidence = extra.pop("confidence", None)
@@ -33,7 +34,7 @@ def to_record(row: Mapping, batch: str) -> records.Comparison:
       annotator=row["labeler"], confidence=confidence,
       split="valid1" if row["split"] == "valid" else "train", policy_a=row["policy_a"],
       policy_b=row["policy_b"], id=row["prompt_id"], title=row["title"],
-      subreddit=row["subreddit"], input=row["input"], batch=batch,
+      subreddit=row["subreddit"], input=row["input"], batch=f"{records.LABELING_ROUND}: {protocol}",
       axes_a=answers.get("axes_a"), axes_b=answers.get("axes_b"),
       extra={**extra, "pair": row["uid"]})
 
@@ -73,4 +74,5 @@ def export(rows: Sequence[Mapping], out_dir: str, layout: str, batch: str,
   paths["agreement"] = os.path.join(out_dir, "agreement.md")
   experiment.write_text(paths["agreement"], text)
   return {**paths, "left_out": left_out,
+          "labels": {split: len(comps) for split, comps in by_split.items()},
           "decisive": {split: sum(not c.tie for c in comps) for split, comps in by_split.items()}}

@@ -2,6 +2,8 @@
 and length bias, speed, and the pairwise agreement table of Stiennon et al. (Table 20) computed from
 the real labels.
 
+For admins only, `disagreements` lists the pairs whose labelers split, with their answers.
+
 Preferences are in {0, 0.5, 1} (0: A, 1: B, 0.5: a tie) and two of them agree with probability
 `1 - |p - q|`, as in `evaluation.agreement`. Labelers seldom share all pairs, so each cell of the
 table is measured on the pairs both judges labelled, and says how many those were.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import time
 from typing import Mapping, Sequence
 
@@ -140,3 +143,38 @@ def throughput(js: Sequence[Judgement], now: float | None = None) -> dict[str, f
   return {"last_minute": float((created > now - 60).sum()),
           "last_hour": float((created > now - 3600).sum()),
           "per_hour": float(len(created) / hours) if hours > 0 else float("nan")}
+
+
+def in_pair_order(preference: float, extra: Mapping[str, object]) -> str:
+  """A label's answer in the pair's own A/B terms (what the admin compares across labelers): the
+  9-point rating when there is one (`confidence`, 1: A definitely better), else A, B or tie."""
+  rating = extra.get("confidence")
+  if isinstance(rating, int) and 1 <= rating <= 9:
+    return (f"{rating}: " + ("A definitely better", "A better", "A somewhat better",
+                             "A slightly better", "no preference", "B slightly better",
+                             "B somewhat better", "B better", "B definitely better")[rating - 1])
+  return {0.0: "A better", 0.5: "tie", 1.0: "B better"}[preference]
+
+
+def disagreements(rows: Sequence[Mapping]) -> list[dict]:
+  """Pairs (gold pairs aside) whose labelers split: at least two labels whose preferences differ,
+  the widest splits first. Each holds the pair's row and its `answers`: (labeler, the answer in A/B
+  terms, the protocol's other answers) per label."""
+  by_item: dict[int, list[Mapping]] = collections.defaultdict(list)
+  for r in rows:
+    if r["gold"] is None:
+      by_item[r["item_id"]].append(r)
+  out = []
+  for labels in by_item.values():
+    prefs = [r["preference"] for r in labels]
+    if len(set(prefs)) < 2:
+      continue
+    answers = []
+    for r in labels:
+      stored = json.loads(r["answers"])
+      extra = {k: v for k, v in (stored.get("extra") or {}).items() if k != "confidence"}
+      answers.append((r["labeler"], in_pair_order(r["preference"], stored.get("extra") or {}),
+                      extra))
+    out.append({"pair": labels[0], "answers": answers, "spread": max(prefs) - min(prefs)})
+  out.sort(key=lambda d: (-d["spread"], d["pair"]["item_id"]))
+  return out

@@ -1,29 +1,40 @@
 """The labeling web app: Starlette routes over a `store.Store`, rendered with Jinja2.
 
 Security, on purpose:
-- a labeler signs in by spending a one-time token (`task=label_user` prints a link that holds it
-  after `#`, which browsers never send to a server or its logs); the session is a random id in an
-  HttpOnly, SameSite=Strict cookie (Secure behind https), stored hashed;
+- a labeler signs in by spending a one-time token (`task=label_user`, or an admin's invitation,
+  gives a link that holds it after `#`, which browsers never send to a server or its logs); the
+  session is a random id in an HttpOnly, SameSite=Strict cookie (Secure behind https), stored
+  hashed;
 - every state-changing request carries the session's CSRF token (a form field or the
   `X-CSRF-Token` header) and, when the browser sends one, a same-origin `Origin`; the sign-in form
   carries a token matching a cookie of its own, so no other site can sign a browser in;
 - a labeler reads and writes only their own assignments (anything else is a 404, which does not
-  say whether it exists); only admins see the admin page, and it shows statistics, not answers;
+  say whether it exists); only admins see the admin pages, and only they see other labelers'
+  answers (the disagreement review);
 - templates escape everything (model text is untrusted) and the Content-Security-Policy allows
   scripts and styles from this server only, so injected markup cannot run;
-- sign-in attempts are limited per client address (`labeling.login_attempts_per_minute`), in
-  memory, so a flood of them costs no database write.
-A label is acknowledged (HTTP 200) only after its transaction is committed.
+- failed sign-ins are limited per client address (`labeling.login_attempts_per_minute`), in
+  memory, so a flood of them costs no database write; past the limit a failed attempt gets 429
+  with `Retry-After`, while a valid link still signs in (another labeler behind the same address
+  is not locked out: tokens are 192-bit random, so the limit slows a script, guessing is hopeless
+  anyway).
+A label is acknowledged (HTTP 200) only after its transaction is committed. Every request is logged
+(`rlhfjax.labeling`: address, method, path without its query, status, milliseconds, labeler), and so
+are sign-ins, refusals and errors; tokens never reach a log.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import datetime
 import json
+import logging
 import math
 import os
 import secrets
 import sqlite3
+import tempfile
 import threading
 import time
 from typing import Any
@@ -39,9 +50,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from rlhfjax.labeling import comparisons
+from rlhfjax.labeling import diff
+from rlhfjax.labeling import guidelines as guidelines_lib
 from rlhfjax.labeling import protocols
 from rlhfjax.labeling import report
 from rlhfjax.labeling import store as store_lib
+
+log = logging.getLogger("rlhfjax.labeling")
 
 COOKIE = "rlhfjax_session"
 LOGIN_COOKIE = "rlhfjax_login"  # The sign-in form's own CSRF token (double submit).
@@ -57,26 +73,41 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+MAX_COMMENT = 2000  # Characters of a flag's comment.
+LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportRules:
+  """What the download buttons write: `label_export`'s files under the same rules."""
+
+  layout: str = "openai"
+  min_gold_agreement: float = 0.0
+  min_gold_labels: int = 1
 
 
 class LoginLimiter:
-  """At most `per_minute` sign-in attempts per client address in any 60 s."""
+  """At most `per_minute` failed sign-ins per client address in any 60 s."""
 
   def __init__(self, per_minute: int):
     self.per_minute = per_minute
-    self._seen: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    self._failed: dict[str, collections.deque] = collections.defaultdict(collections.deque)
     self._lock = threading.Lock()
 
-  def allow(self, ip: str) -> bool:
+  def wait(self, ip: str) -> int:
+    """Seconds until `ip` may fail again (0: now)."""
     now = time.monotonic()
     with self._lock:
-      seen = self._seen[ip]
-      while seen and seen[0] < now - 60:
-        seen.popleft()
-      if len(seen) >= self.per_minute:
-        return False
-      seen.append(now)
-      return True
+      failed = self._failed[ip]
+      while failed and failed[0] < now - 60:
+        failed.popleft()
+      if len(failed) < self.per_minute:
+        return 0
+      return max(1, math.ceil(failed[0] + 60 - now))
+
+  def failed(self, ip: str) -> None:
+    with self._lock:
+      self._failed[ip].append(time.monotonic())
 
 
 class SecurityHeaders:
@@ -94,35 +125,102 @@ class SecurityHeaders:
     await self.app(scope, receive, with_headers)
 
 
+class AccessLog:
+  """Logs each HTTP request once it is answered: client address, method, path (never the query
+  string; a sign-in token is never in either), status, milliseconds and the labeler, if any."""
+
+  def __init__(self, app: Any):
+    self.app = app
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    start, status = time.perf_counter(), [500]
+
+    async def record(message):
+      if message["type"] == "http.response.start":
+        status[0] = message["status"]
+      await send(message)
+    try:
+      await self.app(scope, receive, record)
+    finally:
+      client = scope.get("client") or ("-", 0)
+      who = scope.get("state", {}).get("who", "-")
+      log.info("%s %s %s %d %.0fms %s", client[0], scope["method"], scope["path"], status[0],
+               1000 * (time.perf_counter() - start), who)
+
+
+def _when(t: float | None) -> str:
+  return (datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+          if t else "—")
+
+
+def _first_words(text: str, n: int = 12) -> str:
+  words = text.split()
+  return " ".join(words[:n]) + (" …" if len(words) > n else "")
+
+
 def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                session_s: float = 12 * 3600, login_per_minute: int = 10,
-               public_url: str = "") -> Starlette:
-  """The app for one labeling database; `public_url` is its address behind a proxy (its origin is
-  also accepted, and an https one makes the cookie Secure)."""
+               public_url: str = "", guidelines: str = "", token_s: float = 72 * 3600,
+               export_rules: ExportRules = ExportRules()) -> Starlette:
+  """The app for one labeling database. `public_url` is its address behind a proxy (its origin is
+  also accepted, an https one makes the cookie Secure, and invitation links use it);
+  `guidelines` is the Markdown of the guidelines page ('' : the protocol's own); `token_s` is how
+  long an invitation link works."""
   parts = urllib.parse.urlsplit(public_url)
   public_origin = f"{parts.scheme}://{parts.netloc}" if parts.netloc else ""
   secure_cookie = parts.scheme == "https"
   limiter = LoginLimiter(login_per_minute)
   env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
                            autoescape=True, undefined=jinja2.StrictUndefined)
+  env.filters["when"] = _when
+  guidelines_html = guidelines_lib.render(guidelines or guidelines_lib.load(protocol.name))
+  options = {field: dict(q.options) for field, q in protocol.questions()}
 
   def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(env.get_template(name).render(protocol=protocol, **context), status)
 
+  def client_ip(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
   async def labeler(request: Request) -> sqlite3.Row | None:
     session = request.cookies.get(COOKIE)
-    return await in_thread(store.session, session) if session else None
+    who = await in_thread(store.session, session) if session else None
+    if who is not None:
+      request.state.who = who["name"]
+    return who
+
+  async def signed_in(request: Request) -> sqlite3.Row:
+    """The labeler, or a redirect to the sign-in form (raised)."""
+    who = await labeler(request)
+    if who is None:
+      raise HTTPException(303, headers={"Location": "/login"})
+    return who
+
+  async def admin_only(request: Request) -> sqlite3.Row:
+    who = await signed_in(request)
+    if not who["is_admin"]:
+      raise HTTPException(403, "admins only")
+    return who
 
   def check_origin(request: Request) -> None:
     origin = request.headers.get("origin")
     if origin and origin not in (f"{request.url.scheme}://{request.url.netloc}", public_origin):
       raise HTTPException(403, "cross-origin request")
 
-  def check_csrf(request: Request, who: sqlite3.Row, form_token: str | None) -> None:
-    token = request.headers.get("x-csrf-token") or form_token or ""
+  def check_csrf(request: Request, who: sqlite3.Row, form_token: Any) -> None:
+    token = request.headers.get("x-csrf-token") or (form_token if isinstance(form_token, str)
+                                                    else "")
     if not secrets.compare_digest(token.encode(), who["csrf"].encode()):
       raise HTTPException(403, "missing or wrong CSRF token")
     check_origin(request)
+
+  async def form_of(request: Request, who: sqlite3.Row) -> dict[str, str]:
+    """A state-changing form, its CSRF token and origin checked."""
+    form = await request.form()
+    check_csrf(request, who, form.get("csrf"))
+    return {k: v for k, v in form.items() if isinstance(v, str)}
 
   def login_form(status: int = 200, error: str = "") -> HTMLResponse:
     csrf = secrets.token_urlsafe(16)
@@ -135,19 +233,29 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return login_form()
 
   async def login(request: Request) -> Response:
-    ip = request.client.host if request.client else "?"
-    if not limiter.allow(ip):
-      return login_form(429, "Too many sign-in attempts: wait a minute.")
+    ip = client_ip(request)
     check_origin(request)
     form = await request.form()
     expected = request.cookies.get(LOGIN_COOKIE, "")
     if not expected or not secrets.compare_digest(str(form.get("csrf", "")).encode(),
                                                   expected.encode()):
+      log.warning("sign-in refused from %s: the form expired or came from elsewhere", ip)
       return login_form(403, "The sign-in form expired: sign in again.")
-    session = await in_thread(store.login, str(form.get("token", "")), session_s)
+    token = str(form.get("token", ""))
+    wait = limiter.wait(ip)
+    if wait and not await in_thread(store.token_valid, token):
+      log.warning("sign-in refused from %s: too many failed sign-ins (retry in %d s)", ip, wait)
+      response = login_form(429, f"Too many failed sign-ins from your address: try again in "
+                                 f"{wait} s.")
+      response.headers["Retry-After"] = str(wait)
+      return response
+    session = await in_thread(store.login, token, session_s)
     if session is None:
+      limiter.failed(ip)
+      log.warning("sign-in failed from %s: an invalid, spent or expired link", ip)
       return login_form(401, "This sign-in link is not valid (each link works once; ask for a "
                              "new one).")
+    log.info("sign-in: %s from %s", session[2], ip)
     response = RedirectResponse("/", 303)
     response.delete_cookie(LOGIN_COOKIE, path="/login")
     response.set_cookie(COOKIE, session[0], max_age=int(session_s), httponly=True,
@@ -157,26 +265,28 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   async def logout(request: Request) -> Response:
     who = await labeler(request)
     if who is not None:
-      form = await request.form()
-      check_csrf(request, who, form.get("csrf"))
+      await form_of(request, who)
       await in_thread(store.logout, request.cookies[COOKIE])
+      log.info("sign-out: %s", who["name"])
     response = RedirectResponse("/login", 303)
     response.delete_cookie(COOKIE)
     return response
 
+  def sides(row: sqlite3.Row) -> tuple[str, str]:
+    return ((row["response_b"], row["response_a"]) if row["swapped"]
+            else (row["response_a"], row["response_b"]))
+
   async def label_page(who: sqlite3.Row, row: sqlite3.Row, status: int = 200) -> HTMLResponse:
-    swapped = bool(row["swapped"])
-    left, right = ((row["response_b"], row["response_a"]) if swapped
-                   else (row["response_a"], row["response_b"]))
+    left, right = sides(row)
+    marked_left, marked_right = diff.words(left, right)
     chosen = json.loads(row["shown"]) if row["shown"] else {}
-    return page("label.html", status, who=who, row=row, left=left, right=right, chosen=chosen,
-                progress=await in_thread(store.my_progress, who["id"]), csrf=who["csrf"],
-                last=await in_thread(store.last_label, who["id"]))
+    return page("label.html", status, who=who, row=row, left=marked_left, right=marked_right,
+                chosen=chosen, progress=await in_thread(store.my_progress, who["id"]),
+                csrf=who["csrf"], last=await in_thread(store.last_label, who["id"]),
+                max_comment=MAX_COMMENT)
 
   async def home(request: Request) -> Response:
-    who = await labeler(request)
-    if who is None:
-      return RedirectResponse("/login", 303)
+    who = await signed_in(request)
     row = await in_thread(store.next_assignment, who["id"])
     if row is None:
       return page("finished.html", who=who, csrf=who["csrf"],
@@ -190,9 +300,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       raise HTTPException(404, "no such assignment") from None
 
   async def edit(request: Request) -> Response:
-    who = await labeler(request)
-    if who is None:
-      return RedirectResponse("/login", 303)
+    who = await signed_in(request)
     return await label_page(who, await own(who, request.path_params["assignment"]))
 
   async def submit(request: Request) -> Response:
@@ -206,7 +314,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       return JSONResponse({"error": "body is not JSON"}, 400)
     if not isinstance(body, dict):
       return JSONResponse({"error": "body must be an object"}, 400)
-    check_csrf(request, who, body.get("csrf") if isinstance(body.get("csrf"), str) else None)
+    check_csrf(request, who, body.get("csrf"))
     row = await own(who, request.path_params["assignment"])
     answers = body.get("answers") if as_json else {
         k: v for k, v in body.items() if k not in ("csrf", "submission", "seconds")}
@@ -231,30 +339,136 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return JSONResponse({"status": status, "assignment": row["assignment_id"],
                          "progress": await in_thread(store.my_progress, who["id"])})
 
+  async def skip(request: Request) -> Response:
+    who = await signed_in(request)
+    await form_of(request, who)
+    try:
+      await in_thread(store.skip, who["id"], request.path_params["assignment"])
+    except store_lib.NotFound:
+      raise HTTPException(404, "no open assignment to skip") from None
+    return RedirectResponse("/", 303)
+
+  async def flag(request: Request) -> Response:
+    who = await signed_in(request)
+    comment = (await form_of(request, who)).get("comment", "").strip()
+    if not comment:
+      raise HTTPException(400, "say what is wrong with the pair (the comment is empty)")
+    try:
+      await in_thread(store.flag, who["id"], request.path_params["assignment"],
+                      comment[:MAX_COMMENT])
+    except store_lib.NotFound:
+      raise HTTPException(404, "no such assignment") from None
+    log.info("flag: %s flagged assignment %d", who["name"], request.path_params["assignment"])
+    return RedirectResponse("/", 303)
+
   async def mine(request: Request) -> Response:
-    who = await labeler(request)
-    if who is None:
-      return RedirectResponse("/login", 303)
-    rows = [dict(r, shown=json.loads(r["shown"]))
-            for r in await in_thread(store.my_labels, who["id"])]
+    who = await signed_in(request)
+    first = protocol.pair[0].name
+    rows = []
+    for r in await in_thread(store.my_labels, who["id"]):
+      shown = json.loads(r["shown"])
+      rows.append({"assignment_id": r["assignment_id"], "updated": r["updated"],
+                   "title": r["title"], "post": _first_words(r["prompt"]),
+                   "answer": options[first].get(shown.get(first), shown.get(first))})
     return page("mine.html", who=who, rows=rows, csrf=who["csrf"],
                 progress=await in_thread(store.my_progress, who["id"]))
 
+  async def guidelines(request: Request) -> Response:
+    who = await signed_in(request)
+    return page("guidelines.html", who=who, csrf=who["csrf"], body=guidelines_html)
+
   async def admin(request: Request) -> Response:
-    who = await labeler(request)
-    if who is None:
-      return RedirectResponse("/login", 303)
-    if not who["is_admin"]:
-      raise HTTPException(403, "admins only")
+    who = await admin_only(request)
     js = report.judgements(await in_thread(store.labels))
     names, mean, se, count = report.table(js)
     return page("admin.html", who=who, csrf=who["csrf"],
                 progress=await in_thread(store.progress), k=store.settings.k,
                 throughput=report.throughput(js), labelers=report.labelers(js), names=names,
-                mean=mean, se=se, count=count, isnan=math.isnan)
+                mean=mean, se=se, count=count, isnan=math.isnan, layouts=LAYOUTS,
+                flags=len(await in_thread(store.flags)))
+
+  def invitation(request: Request, token: str) -> str:
+    base = public_url or f"{request.url.scheme}://{request.url.netloc}"
+    return f"{base.rstrip('/')}/login#token={token}"
+
+  async def team(request: Request, status: int = 200, link: str = "", invited: str = "",
+                 error: str = "") -> Response:
+    who = await admin_only(request)
+    return page("labelers.html", status, who=who, csrf=who["csrf"],
+                labelers=await in_thread(store.labelers), link=link, invited=invited,
+                error=error, token_hours=token_s / 3600)
+
+  async def invite(request: Request) -> Response:
+    who = await admin_only(request)
+    form = await form_of(request, who)
+    name = form.get("name", "").strip()
+    if not store_lib.NAME.fullmatch(name):
+      return await team(request, 400, error="A name is 1-64 letters, digits or _.@-")
+    token = await in_thread(store.add_labeler, name, form.get("admin") == "on", token_s)
+    log.info("invitation: %s invited %s%s", who["name"], name,
+             " (admin)" if form.get("admin") == "on" else "")
+    return await team(request, link=invitation(request, token), invited=name)
+
+  async def revoke(request: Request) -> Response:
+    who = await admin_only(request)
+    await form_of(request, who)
+    name = request.path_params["name"]
+    try:
+      await in_thread(store.revoke, name, who["id"])
+    except store_lib.Refused as e:
+      return await team(request, 400, error=str(e))
+    log.info("revocation: %s revoked %s", who["name"], name)
+    return RedirectResponse("/admin/labelers", 303)
+
+  async def flags(request: Request) -> Response:
+    who = await admin_only(request)
+    return page("flags.html", who=who, csrf=who["csrf"], flags=await in_thread(store.flags))
+
+  async def resolve(request: Request) -> Response:
+    who = await admin_only(request)
+    action = (await form_of(request, who)).get("action", "")
+    try:
+      await in_thread(store.resolve, request.path_params["item"], action)
+    except store_lib.Refused as e:
+      raise HTTPException(400, str(e)) from None
+    log.info("flag resolved: %s chose %s for pair %d", who["name"], action,
+             request.path_params["item"])
+    return RedirectResponse("/admin/flags", 303)
+
+  async def disagreements(request: Request) -> Response:
+    who = await admin_only(request)
+    found = report.disagreements(await in_thread(store.labels))
+    for d in found:
+      d["a"], d["b"] = diff.words(d["pair"]["response_a"], d["pair"]["response_b"])
+    return page("disagreements.html", who=who, csrf=who["csrf"], found=found)
+
+  def export_file(layout: str, split: str) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+      out = comparisons.export(store.labels(), tmp, layout, protocol.name,
+                               export_rules.min_gold_agreement, export_rules.min_gold_labels)
+      with open(out[split], "rb") as f:
+        return f.read()
+
+  async def download(request: Request) -> Response:
+    who = await admin_only(request)
+    layout, split = request.path_params["layout"], request.path_params["split"]
+    if layout not in LAYOUTS or split not in ("train", "valid", "agreement"):
+      raise HTTPException(404, "no such export")
+    body = await in_thread(export_file, layout, split)
+    name = "agreement.md" if split == "agreement" else f"{split}{LAYOUTS[layout]}"
+    log.info("download: %s took %s (%s)", who["name"], name, layout)
+    kind = "text/markdown" if split == "agreement" else "application/json"
+    return Response(body, media_type=f"{kind}; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
 
   async def error(request: Request, exc: HTTPException) -> Response:
-    if request.url.path.startswith("/label/") and request.method == "POST":
+    if exc.status_code == 303:
+      return RedirectResponse(exc.headers["Location"], 303)
+    if exc.status_code >= 400:
+      log.warning("refused: %s %s %d %s", request.method, request.url.path, exc.status_code,
+                  exc.detail)
+    if request.url.path.startswith("/label/") and request.method == "POST" and \
+        request.url.path.count("/") == 2:
       return JSONResponse({"error": exc.detail}, exc.status_code)
     return page("error.html", exc.status_code, message=exc.detail)
 
@@ -265,9 +479,19 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       Route("/logout", logout, methods=["POST"]),
       Route("/label/{assignment:int}", edit, methods=["GET"]),
       Route("/label/{assignment:int}", submit, methods=["POST"]),
+      Route("/label/{assignment:int}/skip", skip, methods=["POST"]),
+      Route("/label/{assignment:int}/flag", flag, methods=["POST"]),
       Route("/mine", mine),
+      Route("/guidelines", guidelines),
       Route("/admin", admin),
+      Route("/admin/labelers", team, methods=["GET"]),
+      Route("/admin/labelers", invite, methods=["POST"]),
+      Route("/admin/labelers/{name}/revoke", revoke, methods=["POST"]),
+      Route("/admin/flags", flags, methods=["GET"]),
+      Route("/admin/flags/{item:int}", resolve, methods=["POST"]),
+      Route("/admin/disagreements", disagreements),
+      Route("/admin/export/{layout}/{split}", download),
       Mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static"),
   ]
-  return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)],
+  return Starlette(routes=routes, middleware=[Middleware(AccessLog), Middleware(SecurityHeaders)],
                    exception_handlers={HTTPException: error})

@@ -12,13 +12,16 @@
 (or tie) is the known answer labelers are checked against. A pair's A is the first system's
 response. Pairs whose two responses are equal are left out (nothing to compare). Each pair has a
 stable id, so loading the same files again adds nothing twice. Pairs without a split of their own
-go to `valid` with probability `labeling.valid_fraction`, decided by their id.
+are given one when queued (`queue`): `labeling.valid_fraction` of them go to `valid`; valid pairs,
+given or their own, are spread evenly through the queue, so every served prefix, and so a round of
+any size, holds train and valid pairs in proportion.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -31,20 +34,39 @@ def _uid(prompt_key: str, a: str, b: str) -> str:
   return hashlib.sha256(json.dumps([prompt_key, a, b]).encode("utf-8")).hexdigest()[:24]
 
 
-def _split(uid: str, valid_fraction: float) -> str:
-  return "valid" if int(uid[:8], 16) / 16**8 < valid_fraction else "train"
+def _nth_is_valid(j: int, fraction: float) -> bool:
+  """Whether the j-th of a run holding `fraction` valid is valid: round((j + 1) f) > round(j f),
+  so the first n hold round(n f) (f = 0.1: the 5th, 15th, 25th, ...)."""
+  return math.floor((j + 1) * fraction + 0.5) > math.floor(j * fraction + 0.5)
+
+
+def queue(pairs: Sequence[dict[str, Any]], valid_fraction: float) -> list[dict[str, Any]]:
+  """The pairs in the order they will be served, each with a split: pairs without one of their own
+  get `valid_fraction` valid, and valid pairs (their own or given) are spread evenly among the
+  train pairs, so every served prefix, and so a round of any size, holds both in proportion.
+  Gold pairs (served at random, never exported) keep their place at the end."""
+  free = [p for p in pairs if not p["split"]]
+  for j, p in enumerate(free):
+    p["split"] = "valid" if _nth_is_valid(j, valid_fraction) else "train"
+  served = [p for p in pairs if p["gold"] is None]
+  valid = [p for p in served if p["split"] == "valid"]
+  train = [p for p in served if p["split"] != "valid"]
+  fraction = len(valid) / max(len(served), 1)
+  order = [(valid if _nth_is_valid(i, fraction) else train) for i in range(len(served))]
+  picks = {id(valid): iter(valid), id(train): iter(train)}
+  return [next(picks[id(side)]) for side in order] + [p for p in pairs if p["gold"] is not None]
 
 
 def item(prompt: Mapping[str, str], a: str, b: str, policy_a: str, policy_b: str,
-         valid_fraction: float, split: str = "", gold: float | None = None) -> dict[str, Any]:
-  """A pair as `store.add_items` takes it; `prompt` holds `comparison_prompt`'s fields."""
+         split: str = "", gold: float | None = None) -> dict[str, Any]:
+  """A pair as `store.add_items` takes it once it has a split (`queue`); `prompt` holds
+  `comparison_prompt`'s fields."""
   key = prompt.get("id") or json.dumps([prompt.get("prompt"), prompt.get("input", "")])
   uid = _uid(key + ("#gold" if gold is not None else ""), a, b)
   return {"uid": uid, "prompt": prompt["prompt"], "title": prompt.get("title", ""),
           "subreddit": prompt.get("subreddit", ""), "input": prompt.get("input", ""),
           "response_a": a, "response_b": b, "policy_a": policy_a, "policy_b": policy_b,
-          "prompt_id": prompt.get("id", ""), "split": split or _split(uid, valid_fraction),
-          "gold": gold}
+          "prompt_id": prompt.get("id", ""), "split": split, "gold": gold}
 
 
 def _read_json(path: str) -> Any:
@@ -86,32 +108,33 @@ def _outputs(path: str, prompts: Callable[[], Mapping[str, Mapping[str, str]]]
                   "AlpacaEval's model outputs (an array of objects)")
 
 
-def _pair_outputs(path_a: str, path_b: str, prompts, valid_fraction: float) -> list[dict]:
+def _pair_outputs(path_a: str, path_b: str, prompts) -> list[dict]:
   (name_a, a), (name_b, b) = _outputs(path_a, prompts), _outputs(path_b, prompts)
   common = [key for key in a if key in b]
   if not common:
     raise DataError(f"{path_a} and {path_b} answer no prompt in common")
-  return [item(a[key][0], a[key][1], b[key][1], name_a, name_b, valid_fraction) for key in common]
+  return [item(a[key][0], a[key][1], b[key][1], name_a, name_b) for key in common]
 
 
 SPLITS = {"train": "train", "valid1": "valid", "valid2": "valid", "valid": "valid"}
 
 
-def from_comparisons(comps: Iterable[records.Comparison], valid_fraction: float,
-                     gold: bool = False) -> list[dict]:
-  """Pairs of comparison records; with `gold`, their choices are the known answers."""
+def from_comparisons(comps: Iterable[records.Comparison], gold: bool = False) -> list[dict]:
+  """Pairs of comparison records (in their own split, if it has one); with `gold`, their choices
+  are the known answers."""
   out = []
   for c in comps:
     prompt = {"id": c.id, "prompt": c.prompt, "title": c.title, "subreddit": c.subreddit,
               "input": c.input}
     known = (0.5 if c.tie else float(c.choice)) if gold else None
-    out.append(item(prompt, c.response_a, c.response_b, c.policy_a, c.policy_b, valid_fraction,
+    out.append(item(prompt, c.response_a, c.response_b, c.policy_a, c.policy_b,
                     SPLITS.get(c.split, ""), known))
   return out
 
 
 def load(config, workdir: str) -> list[dict]:
-  """Every pair named by `labeling.source` and `labeling.gold_file`, in order."""
+  """Every pair named by `labeling.source` and `labeling.gold_file`, in order (splits not yet
+  assigned)."""
   c = config.labeling
   cache: dict[str, Any] = {}
 
@@ -128,16 +151,16 @@ def load(config, workdir: str) -> list[dict]:
     parts = [p.strip() for p in arg.split(",")]
     if kind == "methods" and len(parts) == 2:
       paths = [os.path.join(workdir, m, "outputs.json") for m in parts]
-      pairs += _pair_outputs(*paths, prompts, c.valid_fraction)
+      pairs += _pair_outputs(*paths, prompts)
     elif kind == "outputs" and len(parts) == 2:
-      pairs += _pair_outputs(*parts, prompts, c.valid_fraction)
+      pairs += _pair_outputs(*parts, prompts)
     elif kind == "comparisons" and arg:
-      pairs += from_comparisons(_comparisons(arg, c.layout), c.valid_fraction)
+      pairs += from_comparisons(_comparisons(arg, c.layout))
     else:
       raise ConfigError(f"labeling.source: cannot read {source!r} (expected methods:A,B, "
                         "outputs:PATH_A,PATH_B or comparisons:PATH)")
   if c.gold_file:
-    pairs += from_comparisons(_comparisons(c.gold_file, c.layout), c.valid_fraction, gold=True)
+    pairs += from_comparisons(_comparisons(c.gold_file, c.layout), gold=True)
   kept = [p for p in pairs if p["response_a"].strip() != p["response_b"].strip()]
   if not kept:
     raise ConfigError("labeling.source: no pair with two different responses to load")

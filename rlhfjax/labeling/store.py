@@ -19,10 +19,16 @@ Assignment rules:
 - left/right order is drawn per assignment and stored;
 - an assignment is a gold pair (a known answer) with probability 1 / `gold_every`, drawn at random
   among those the labeler has not seen, while any remain (so neither the slot nor the pair gives a
-  gold pair away); gold pairs go to every labeler and never count towards k.
+  gold pair away); gold pairs go to every labeler and never count towards k;
+- a skipped assignment no longer counts against the pair's k (the pair returns to the queue for
+  others) and is never offered to that labeler again; a flagged one is skipped, and its pair is held
+  out of the queue until an admin returns it (`release`) or removes it (`drop`: nobody is given it
+  again and its labels are left out of exports).
 
 Login tokens and session ids are stored as SHA-256 hashes only; the file is created readable by
-its owner alone. A new sign-in token for a labeler ends their open sessions.
+its owner alone. A new sign-in token for a labeler ends their open sessions; revoking a labeler
+ends them too, spends their token and gives their open assignment back (their labels stay).
+A database made by an earlier version gains the newer columns and tables when opened.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import secrets
 import sqlite3
 import threading
@@ -49,11 +56,12 @@ CREATE TABLE IF NOT EXISTS items (
   split TEXT NOT NULL,
   gold REAL CHECK (gold IN (0, 0.5, 1)),
   position INTEGER NOT NULL,
-  done_count INTEGER NOT NULL DEFAULT 0);
+  done_count INTEGER NOT NULL DEFAULT 0,
+  held INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS items_queue ON items (gold, position);
 CREATE TABLE IF NOT EXISTS labelers (
   id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, is_admin INTEGER NOT NULL,
-  token_hash TEXT UNIQUE, token_expires REAL, created REAL NOT NULL);
+  token_hash TEXT UNIQUE, token_expires REAL, created REAL NOT NULL, revoked REAL);
 CREATE TABLE IF NOT EXISTS sessions (
   id_hash TEXT PRIMARY KEY, labeler_id INTEGER NOT NULL REFERENCES labelers (id),
   csrf TEXT NOT NULL, expires REAL NOT NULL);
@@ -62,7 +70,7 @@ CREATE TABLE IF NOT EXISTS assignments (
   item_id INTEGER NOT NULL REFERENCES items (id),
   labeler_id INTEGER NOT NULL REFERENCES labelers (id),
   swapped INTEGER NOT NULL CHECK (swapped IN (0, 1)),
-  created REAL NOT NULL, lease_expires REAL NOT NULL, done REAL,
+  created REAL NOT NULL, lease_expires REAL NOT NULL, done REAL, skipped REAL,
   UNIQUE (item_id, labeler_id));
 CREATE INDEX IF NOT EXISTS assignments_open ON assignments (labeler_id, done);
 CREATE TABLE IF NOT EXISTS labels (
@@ -73,8 +81,21 @@ CREATE TABLE IF NOT EXISTS labels (
 CREATE TABLE IF NOT EXISTS submissions (
   assignment_id INTEGER NOT NULL REFERENCES assignments (id), submission TEXT NOT NULL,
   PRIMARY KEY (assignment_id, submission));
+CREATE TABLE IF NOT EXISTS flags (
+  id INTEGER PRIMARY KEY,
+  item_id INTEGER NOT NULL REFERENCES items (id),
+  labeler_id INTEGER NOT NULL REFERENCES labelers (id),
+  comment TEXT NOT NULL, created REAL NOT NULL, resolved REAL, resolution TEXT,
+  UNIQUE (item_id, labeler_id));
 """
 
+# Columns added after the first release: (table, column, declaration) for `ALTER TABLE ADD COLUMN`.
+ADDED_COLUMNS = (("items", "held", "INTEGER NOT NULL DEFAULT 0"),
+                 ("labelers", "revoked", "REAL"),
+                 ("assignments", "skipped", "REAL"))
+HELD, DROPPED = 1, 2  # items.held: 0 in the queue, 1 flagged (waits for an admin), 2 removed.
+
+NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # A labeler's name: no spaces, nothing to escape.
 ITEM_FIELDS = ("uid", "prompt", "title", "subreddit", "input", "response_a", "response_b",
                "policy_a", "policy_b", "prompt_id", "split", "gold")
 
@@ -85,6 +106,10 @@ def digest(secret: str) -> str:
 
 class NotFound(LookupError):
   """No such assignment for this labeler (whether it exists for another is not said)."""
+
+
+class Refused(ValueError):
+  """An admin action that cannot be done (its message says why)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +134,21 @@ class Store:
     if not os.path.exists(path):
       os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     db = self._db()
+    with self._turn:
+      db.execute("BEGIN IMMEDIATE")  # Two processes opening an old file migrate it once.
+      try:
+        for table, column, declaration in ADDED_COLUMNS:
+          exists = db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?",
+                              (column,)).fetchone()
+          if db.execute(f"SELECT 1 FROM pragma_table_info('{table}')").fetchone() and not exists:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        db.execute("COMMIT")
+      except BaseException:
+        db.execute("ROLLBACK")
+        raise
     db.executescript(SCHEMA)  # Idempotent; executescript runs its own transaction.
     self._open = f"gold IS NULL AND done_count < {int(settings.k)}"  # A literal: the index's.
+    self._queued = f"{self._open} AND held = 0"  # Open and not held by a flag.
     db.execute(f"CREATE INDEX IF NOT EXISTS items_open_{int(settings.k)} ON items (position) "
                f"WHERE {self._open}")
 
@@ -164,8 +202,12 @@ class Store:
   # Work in.
 
   def add_items(self, items: Sequence[dict[str, Any]]) -> int:
-    """Adds pairs (dicts with `ITEM_FIELDS`) after those already queued; a pair whose uid is
-    already there is skipped. Returns how many were added."""
+    """Adds pairs (dicts with `ITEM_FIELDS`, split 'train' or 'valid') after those already queued;
+    a pair whose uid is already there is skipped. Returns how many were added."""
+    for item in items:
+      if item["split"] not in ("train", "valid"):
+        raise ValueError(f"pair {item['uid']}: split must be 'train' or 'valid', got "
+                         f"{item['split']!r}")
     with self.write() as db:
       start = db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM items").fetchone()[0]
       added = 0
@@ -180,25 +222,27 @@ class Store:
   # Labelers and sessions.
 
   def add_labeler(self, name: str, is_admin: bool, token_s: float) -> str:
-    """Creates the labeler (or keeps it, updating `is_admin`) and returns a new one-time login
-    token valid for `token_s` seconds; any earlier unused token and open session stop working."""
+    """Creates the labeler (or keeps it, updating `is_admin`, and lifts a revocation) and returns
+    a new one-time login token valid for `token_s` seconds; any earlier unused token and open
+    session stop working."""
     token, now = secrets.token_urlsafe(24), time.time()
     with self.write() as db:
       db.execute(
           "INSERT INTO labelers (name, is_admin, token_hash, token_expires, created) "
           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET is_admin = excluded.is_admin, "
-          "token_hash = excluded.token_hash, token_expires = excluded.token_expires",
+          "token_hash = excluded.token_hash, token_expires = excluded.token_expires, "
+          "revoked = NULL",
           (name, int(is_admin), digest(token), now + token_s, now))
       db.execute("DELETE FROM sessions WHERE labeler_id = (SELECT id FROM labelers WHERE "
                  "name = ?)", (name,))
     return token
 
-  def login(self, token: str, session_s: float) -> tuple[str, str] | None:
-    """Spends a login token: (session id, CSRF token) of a new session, or None."""
+  def login(self, token: str, session_s: float) -> tuple[str, str, str] | None:
+    """Spends a login token: (session id, CSRF token, labeler name) of a new session, or None."""
     now = time.time()
     with self.write() as db:
-      row = db.execute("SELECT id FROM labelers WHERE token_hash = ? AND token_expires > ?",
-                       (digest(token), now)).fetchone()
+      row = db.execute("SELECT id, name FROM labelers WHERE token_hash = ? AND token_expires > ? "
+                       "AND revoked IS NULL", (digest(token), now)).fetchone()
       if row is None:
         return None
       db.execute("UPDATE labelers SET token_hash = NULL, token_expires = NULL WHERE id = ?",
@@ -207,18 +251,52 @@ class Store:
       db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)",
                  (digest(session), row["id"], csrf, now + session_s))
       db.execute("DELETE FROM sessions WHERE expires < ?", (now,))
-    return session, csrf
+    return session, csrf, row["name"]
 
   def session(self, session: str) -> sqlite3.Row | None:
     """The labeler (id, name, is_admin) and CSRF token of a live session."""
     return self.read().execute(
         "SELECT l.id, l.name, l.is_admin, s.csrf FROM sessions s JOIN labelers l "
-        "ON l.id = s.labeler_id WHERE s.id_hash = ? AND s.expires > ?",
+        "ON l.id = s.labeler_id WHERE s.id_hash = ? AND s.expires > ? AND l.revoked IS NULL",
         (digest(session), time.time())).fetchone()
 
   def logout(self, session: str) -> None:
     with self.write() as db:
       db.execute("DELETE FROM sessions WHERE id_hash = ?", (digest(session),))
+
+  def token_valid(self, token: str) -> bool:
+    """Whether `token` would sign in now (a read: nothing is spent)."""
+    return self.read().execute(
+        "SELECT 1 FROM labelers WHERE token_hash = ? AND token_expires > ? AND revoked IS NULL",
+        (digest(token), time.time())).fetchone() is not None
+
+  def revoke(self, name: str, by: int | None = None) -> None:
+    """Ends the labeler's sessions, spends their token and gives back their open assignment; their
+    labels stay. `by` (the admin's id) may not revoke themselves."""
+    with self.write() as db:
+      row = db.execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()
+      if row is None:
+        raise Refused(f"no labeler named {name!r}")
+      if row["id"] == by:
+        raise Refused("you cannot revoke your own access")
+      db.execute("UPDATE labelers SET revoked = ?, token_hash = NULL, token_expires = NULL "
+                 "WHERE id = ?", (time.time(), row["id"]))
+      db.execute("DELETE FROM sessions WHERE labeler_id = ?", (row["id"],))
+      db.execute("DELETE FROM assignments WHERE labeler_id = ? AND done IS NULL AND skipped IS "
+                 "NULL", (row["id"],))
+
+  def labelers(self) -> list[sqlite3.Row]:
+    """Every labeler for the admin: name, role, whether a sign-in link is waiting, live sessions,
+    labels, the last label's time, and when access was revoked (None: not revoked)."""
+    now = time.time()
+    return self.read().execute(
+        "SELECT l.id, l.name, l.is_admin, l.created, l.revoked, "
+        "(l.token_hash IS NOT NULL AND l.token_expires > ?) AS invited, "
+        "(SELECT COUNT(*) FROM sessions s WHERE s.labeler_id = l.id AND s.expires > ?) "
+        "AS sessions, "
+        "(SELECT COUNT(*) FROM assignments a WHERE a.labeler_id = l.id AND a.done IS NOT NULL) "
+        "AS labels, (SELECT MAX(a.done) FROM assignments a WHERE a.labeler_id = l.id) AS last "
+        "FROM labelers l ORDER BY l.name", (now, now)).fetchall()
 
   # The queue.
 
@@ -228,24 +306,27 @@ class Store:
     s, now = self.settings, time.time()
     with self.write() as db:
       row = db.execute("SELECT id, item_id, lease_expires FROM assignments "
-                       "WHERE labeler_id = ? AND done IS NULL", (labeler_id,)).fetchone()
+                       "WHERE labeler_id = ? AND done IS NULL AND skipped IS NULL",
+                       (labeler_id,)).fetchone()
       if row is not None:
-        gold = db.execute("SELECT gold FROM items WHERE id = ?", (row["item_id"],)).fetchone()[0]
-        if row["lease_expires"] > now or gold is not None or self._active(
-            db, row["item_id"], now) < s.k:  # Still held, or the pair still needs it.
+        gold, held = db.execute("SELECT gold, held FROM items WHERE id = ?",
+                                (row["item_id"],)).fetchone()
+        if not held and (row["lease_expires"] > now or gold is not None or self._active(
+            db, row["item_id"], now) < s.k):  # Still held, or the pair still needs it.
           db.execute("UPDATE assignments SET lease_expires = ? WHERE id = ?",
                      (now + s.lease_s, row["id"]))
           return self._assignment(db, row["id"])
-        db.execute("DELETE FROM assignments WHERE id = ?", (row["id"],))  # Others took it.
+        # Others took it, or a flag holds the pair: it may come back later.
+        db.execute("DELETE FROM assignments WHERE id = ?", (row["id"],))
       item = None
       if s.gold_every > 0 and secrets.randbelow(s.gold_every) == 0:
         item = db.execute(
-            "SELECT id FROM items i WHERE gold IS NOT NULL AND NOT EXISTS (SELECT 1 FROM "
-            "assignments a WHERE a.item_id = i.id AND a.labeler_id = ?) ORDER BY random() "
+            "SELECT id FROM items i WHERE gold IS NOT NULL AND held = 0 AND NOT EXISTS (SELECT 1 "
+            "FROM assignments a WHERE a.item_id = i.id AND a.labeler_id = ?) ORDER BY random() "
             "LIMIT 1", (labeler_id,)).fetchone()
       if item is None:
         item = db.execute(
-            f"SELECT id FROM items i INDEXED BY items_open_{int(s.k)} WHERE {self._open} AND "
+            f"SELECT id FROM items i INDEXED BY items_open_{int(s.k)} WHERE {self._queued} AND "
             "NOT EXISTS (SELECT 1 FROM assignments a WHERE a.item_id = i.id AND "
             "a.labeler_id = ?) AND (SELECT COUNT(*) FROM assignments a WHERE a.item_id = i.id "
             "AND (a.done IS NOT NULL OR a.lease_expires > ?)) < ? ORDER BY position LIMIT 1",
@@ -306,17 +387,68 @@ class Store:
       db.execute("UPDATE items SET done_count = done_count + 1 WHERE id = ?", (row["item_id"],))
     return "saved"
 
+  def skip(self, labeler_id: int, assignment_id: int) -> None:
+    """Gives an open assignment back: the pair returns to the queue for others, never to this
+    labeler. A finished one cannot be skipped (NotFound, as for another's)."""
+    with self.write() as db:
+      if db.execute("UPDATE assignments SET skipped = ?, lease_expires = 0 WHERE id = ? AND "
+                    "labeler_id = ? AND done IS NULL", (time.time(), assignment_id, labeler_id)
+                    ).rowcount == 0:
+        raise NotFound(f"no open assignment {assignment_id} for this labeler")
+
+  def flag(self, labeler_id: int, assignment_id: int, comment: str) -> None:
+    """Flags the pair of one of the labeler's assignments with a comment: an open assignment is
+    skipped, and the pair is held out of the queue until an admin resolves the flag. Flagging the
+    same pair again replaces the comment."""
+    now = time.time()
+    with self.write() as db:
+      row = db.execute("SELECT item_id, done FROM assignments WHERE id = ? AND labeler_id = ?",
+                       (assignment_id, labeler_id)).fetchone()
+      if row is None:
+        raise NotFound(f"no assignment {assignment_id} for this labeler")
+      if row["done"] is None:
+        db.execute("UPDATE assignments SET skipped = ?, lease_expires = 0 WHERE id = ?",
+                   (now, assignment_id))
+      db.execute("INSERT INTO flags (item_id, labeler_id, comment, created) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (item_id, labeler_id) DO UPDATE SET comment = excluded.comment, "
+                 "created = excluded.created, resolved = NULL, resolution = NULL",
+                 (row["item_id"], labeler_id, comment, now))
+      db.execute("UPDATE items SET held = ? WHERE id = ? AND held = 0", (HELD, row["item_id"]))
+
+  def flags(self) -> list[sqlite3.Row]:
+    """Flags no admin has resolved yet, oldest first, with their pairs and labelers."""
+    return self.read().execute(
+        "SELECT f.id AS flag_id, f.comment, f.created AS flagged, lb.name AS labeler, i.* "
+        "FROM flags f JOIN items i ON i.id = f.item_id JOIN labelers lb ON lb.id = f.labeler_id "
+        "WHERE f.resolved IS NULL ORDER BY f.created").fetchall()
+
+  def resolve(self, item_id: int, action: str) -> None:
+    """Resolves every open flag of a pair: `release` returns it to the queue, `drop` removes it
+    (never served again, its labels left out of exports and reports)."""
+    if action not in ("release", "drop"):
+      raise Refused(f"unknown action {action!r} (release or drop)")
+    with self.write() as db:
+      if db.execute("UPDATE flags SET resolved = ?, resolution = ? WHERE item_id = ? AND "
+                    "resolved IS NULL", (time.time(), action, item_id)).rowcount == 0:
+        raise Refused(f"pair {item_id} has no open flag")
+      db.execute("UPDATE items SET held = ? WHERE id = ?",
+                 (0 if action == "release" else DROPPED, item_id))
+
   # Work out.
 
   def progress(self) -> dict[str, int]:
-    """Counts for the admin: pairs, gold pairs, labels, pairs with k labels or more."""
+    """Counts for the admin: pairs, gold pairs, labels, pairs with k labels or more, pairs held by
+    a flag, pairs dropped, and skips."""
     db = self.read()
-    pairs, gold = db.execute("SELECT SUM(gold IS NULL), SUM(gold IS NOT NULL) FROM items"
-                             ).fetchone()
+    pairs, gold, held, dropped = db.execute(
+        f"SELECT SUM(gold IS NULL), SUM(gold IS NOT NULL), SUM(held = {HELD}), "
+        f"SUM(held = {DROPPED}) FROM items").fetchone()
     open_pairs = db.execute(f"SELECT COUNT(*) FROM items WHERE {self._open}").fetchone()[0]
     labels = db.execute("SELECT COUNT(*) FROM assignments WHERE done IS NOT NULL").fetchone()[0]
+    skipped = db.execute("SELECT COUNT(*) FROM assignments WHERE skipped IS NOT NULL").fetchone()[0]
     return {"pairs": pairs or 0, "gold_pairs": gold or 0, "labels": labels,
-            "complete_pairs": (pairs or 0) - open_pairs}
+            "complete_pairs": (pairs or 0) - open_pairs, "held_pairs": held or 0,
+            "dropped_pairs": dropped or 0, "skipped": skipped}
 
   def my_progress(self, labeler_id: int) -> dict[str, int]:
     """The page's counter: the labeler's labels, and the pairs short of k labels they have not
@@ -324,16 +456,17 @@ class Store:
     db = self.read()
     mine = db.execute("SELECT COUNT(*) FROM assignments WHERE labeler_id = ? AND done IS NOT NULL",
                       (labeler_id,)).fetchone()[0]
-    open_pairs = db.execute(f"SELECT COUNT(*) FROM items WHERE {self._open}").fetchone()[0]
+    open_pairs = db.execute(f"SELECT COUNT(*) FROM items WHERE {self._queued}").fetchone()[0]
     seen = db.execute("SELECT COUNT(*) FROM assignments a JOIN items i ON i.id = a.item_id "
-                      "WHERE a.labeler_id = ? AND i.gold IS NULL AND i.done_count < ?",
-                      (labeler_id, self.settings.k)).fetchone()[0]
+                      "WHERE a.labeler_id = ? AND i.gold IS NULL AND i.done_count < ? AND "
+                      "i.held = 0", (labeler_id, self.settings.k)).fetchone()[0]
     return {"mine": mine, "open_to_me": open_pairs - seen}
 
   def my_labels(self, labeler_id: int) -> list[sqlite3.Row]:
     """The labeler's own finished assignments, newest first."""
     return self.read().execute(
-        "SELECT a.id AS assignment_id, a.swapped, l.shown, l.updated, i.prompt, i.title "
+        "SELECT a.id AS assignment_id, a.swapped, l.shown, l.updated, i.prompt, i.title, "
+        "i.input "
         "FROM labels l "
         "JOIN assignments a ON a.id = l.assignment_id JOIN items i ON i.id = a.item_id "
         "WHERE a.labeler_id = ? ORDER BY l.updated DESC", (labeler_id,)).fetchall()
@@ -346,8 +479,10 @@ class Store:
     return row[0] if row else None
 
   def labels(self) -> list[sqlite3.Row]:
-    """Every finished label with its pair and labeler, in the order they were first saved."""
+    """Every finished label with its pair and labeler, in the order they were first saved; the
+    labels of pairs an admin dropped are left out."""
     return self.read().execute(
         "SELECT i.*, l.*, a.swapped, a.item_id, a.labeler_id, lb.name AS labeler FROM labels l "
         "JOIN assignments a ON a.id = l.assignment_id JOIN items i ON i.id = a.item_id "
-        "JOIN labelers lb ON lb.id = a.labeler_id ORDER BY l.created, l.assignment_id").fetchall()
+        f"JOIN labelers lb ON lb.id = a.labeler_id WHERE i.held != {DROPPED} "
+        "ORDER BY l.created, l.assignment_id").fetchall()

@@ -3,7 +3,8 @@
 - `label_load`: queue the pairs of `labeling.source` (and gold pairs of `labeling.gold_file`);
 - `label_user`: create a labeler (`labeling.user`, an admin with `labeling.admin`) and print a
   one-time sign-in link; run it again for a new link;
-- `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra);
+- `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra),
+  logging every request and sign-in to stderr;
 - `label_export`: write the finished labels as comparison files for task=rm, and the agreement
   report.
 
@@ -13,19 +14,19 @@ different `labeling.protocol` later is an error, not a silent mix of answer kind
 
 from __future__ import annotations
 
+import logging
 import os
 import random
-import re
+import sys
 from typing import Any
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.labeling import comparisons
+from rlhfjax.labeling import guidelines
 from rlhfjax.labeling import protocols
 from rlhfjax.labeling import sources
 from rlhfjax.labeling import store as store_lib
 from rlhfjax.training import metrics as metrics_lib
-
-_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")
 
 
 def db_path(config, workdir: str) -> str:
@@ -59,10 +60,12 @@ def open_store(config, workdir: str) -> tuple[store_lib.Store, protocols.Protoco
 
 
 def load(config, workdir: str) -> dict[str, int]:
-  """task=label_load: queues the pairs in an order shuffled by `labeling.seed`."""
+  """task=label_load: queues the pairs in an order shuffled by `labeling.seed`, valid pairs spread
+  evenly through it (`sources.queue`)."""
   store, _ = open_store(config, workdir)
   pairs = sources.load(config, workdir)
   random.Random(config.labeling.seed).shuffle(pairs)
+  pairs = sources.queue(pairs, config.labeling.valid_fraction)
   added = store.add_items(pairs)
   progress = store.progress()
   metrics_lib.info(f"label_load: {added} new pairs of {len(pairs)} read; {store.path} holds "
@@ -73,12 +76,13 @@ def load(config, workdir: str) -> dict[str, int]:
 def user(config, workdir: str) -> str:
   """task=label_user: prints and returns the new labeler's one-time sign-in link."""
   c = config.labeling
-  if not _NAME.fullmatch(c.user):
+  if not store_lib.NAME.fullmatch(c.user):
     raise ConfigError("labeling.user: give a name of 1-64 letters, digits or _.@- "
                       f"(got {c.user!r})")
   store, _ = open_store(config, workdir)
   token = store.add_labeler(c.user, bool(c.admin), 3600.0 * c.token_hours)
-  base = c.url or f"http://{c.host}:{c.port}"
+  # The public address, else the one the site was last served at from this database.
+  base = c.url or store.meta("served_url") or f"http://{c.host}:{c.port}"
   link = f"{base.rstrip('/')}/login#token={token}"  # After '#': never sent to the server.
   role = "admin" if c.admin else "labeler"
   print(f"{role} {c.user}: sign in once within {c.token_hours:g} h at\n{link}", flush=True)
@@ -95,11 +99,22 @@ def serve(config, workdir: str) -> None:
                       ) from None
   c = config.labeling
   store, protocol = open_store(config, workdir)
-  app = server.create_app(store, protocol, session_s=3600.0 * c.session_hours,
-                          login_per_minute=c.login_attempts_per_minute,
-                          public_url=c.url)
-  metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, "
-                   f"http://{c.host}:{c.port}")
+  check_layout(c.layout)
+  app = server.create_app(
+      store, protocol, session_s=3600.0 * c.session_hours,
+      login_per_minute=c.login_attempts_per_minute, public_url=c.url,
+      guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
+      token_s=3600.0 * c.token_hours,
+      export_rules=server.ExportRules(c.layout, c.min_gold_agreement, c.min_gold_labels))
+  log = logging.getLogger("rlhfjax.labeling")
+  if not log.handlers:  # The access log and sign-in events, on stderr.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+  served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
+  store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
+  metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, {c.url or served}")
   uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
 
 
@@ -107,21 +122,27 @@ def export(config, workdir: str) -> dict[str, Any]:
   """task=label_export: the finished labels as comparison files (`labeling.layout`)."""
   store, protocol = open_store(config, workdir)
   out = config.labeling.export_dir or os.path.join(workdir, "labeling", "export")
-  if config.labeling.layout not in ("openai", "alpaca"):
-    raise ConfigError(f"labeling.layout must be 'openai' or 'alpaca', got "
-                      f"{config.labeling.layout!r}")
   c = config.labeling
+  check_layout(c.layout)
   out = comparisons.export(store.labels(), out, c.layout, protocol.name, c.min_gold_agreement,
                            c.min_gold_labels)
   if out["left_out"]:
     metrics_lib.info(f"label_export: left out the labels of {', '.join(out['left_out'])} "
                      f"(below {c.min_gold_agreement:.0%} agreement with gold)")
-  metrics_lib.info(f"label_export: {out['decisive']['train']} and {out['decisive']['valid']} "
-                   f"decisive labels (ties aside) to {out['train']} and {out['valid']}; report: "
-                   f"{out['agreement']}")
+  for split in ("train", "valid"):
+    metrics_lib.info(f"label_export: {out[split]}: {out['labels'][split]} labels, "
+                     f"{out['decisive'][split]} of them decisive (ties aside)")
+  metrics_lib.info(f"label_export: report: {out['agreement']}")
   for split in ("train", "valid"):
     if not out["decisive"][split]:
-      metrics_lib.info(f"label_export: {out[split]} has no decisive label, so task=rm cannot use "
-                       f"it as rm.{split}_file" + (" (raise labeling.valid_fraction)"
-                                                    if split == "valid" else ""))
+      metrics_lib.info(
+          f"label_export: {out[split]} has no decisive label yet, so task=rm cannot use it as "
+          f"rm.{split}_file: label more pairs (the queue spreads valid pairs through it, "
+          "labeling.valid_fraction of them, fixed when pairs are loaded), or give task=rm an "
+          f"rm.{split}_file of its own")
   return out
+
+
+def check_layout(layout: str) -> None:
+  if layout not in ("openai", "alpaca"):
+    raise ConfigError(f"labeling.layout must be 'openai' or 'alpaca', got {layout!r}")

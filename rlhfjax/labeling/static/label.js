@@ -12,6 +12,7 @@
   const SIGN_IN_DELAY_MS = 1500;  // Long enough to read why the page goes to the sign-in form.
   const questions = Array.from(form.querySelectorAll("fieldset.question"));
   const status = document.getElementById("status");
+  const bar = document.getElementById("statusbar");  // Fixed at the bottom: always in view.
   const started = performance.now();
   let current = 0;
   let sending = false;
@@ -44,6 +45,12 @@
   }
 
   function csrfNow() { return form.elements.csrf.value; }
+
+  // The status line and its bar's colour: "pending" (not saved yet), "saved" or "failed".
+  function say(text, state) {
+    status.textContent = text;
+    bar.className = state || "";
+  }
 
   function keep(pending) {
     try {
@@ -78,7 +85,7 @@
     sending = true;
     let freshToken = false;  // Whether the 403 retry with this page's CSRF token was made.
     for (let attempt = 0; ; attempt++) {
-      status.textContent = attempt ? `Not saved yet: retrying (${attempt})…` : "Saving…";
+      say(attempt ? `Not saved yet: retrying (${attempt})…` : "Saving…", "pending");
       let response = null;
       let body = {};
       try {
@@ -96,12 +103,12 @@
         if (response.ok) {
           localStorage.removeItem(PENDING);
           if (body.progress) showProgress(body.progress);
-          status.textContent = "Saved.";
+          say("Saved.", "saved");
           location.assign("/");
           return;
         }
         if (response.status === 401) {  // Signed out or the session expired: keep the label.
-          status.textContent = "Signed out: sign in again; your label is kept and will be sent.";
+          say("Signed out: sign in again; your label is kept and will be sent.", "pending");
           setTimeout(() => location.assign("/login"), SIGN_IN_DELAY_MS);
           return;  // Still `sending`: the page leaves.
         }
@@ -113,8 +120,8 @@
             keep(pending);
             continue;
           }
-          status.textContent = `Not saved yet (${reason}): your label is kept; reload the page ` +
-                               "or sign in again to send it.";
+          say(`Not saved yet (${reason}): your label is kept; reload the page or sign in again ` +
+              "to send it.", "pending");
           sending = false;
           return;
         }
@@ -122,9 +129,9 @@
           // The answer itself is refused (invalid, or not this labeler's assignment): sending it
           // again cannot help.
           localStorage.removeItem(PENDING);
-          status.textContent = `Not saved, and not kept: ${reason}` +
+          say(`Not saved, and not kept: ${reason}` +
               (pending.assignment === form.dataset.assignment ? "" :
-               ` (an earlier label, for pair ${pending.assignment})`);
+               ` (an earlier label, for pair ${pending.assignment})`), "failed");
           sending = false;
           const first = firstUnanswered(0);
           focusQuestion(first === -1 ? 0 : first);
@@ -140,7 +147,7 @@
     const missing = firstUnanswered(0);
     if (missing !== -1) {
       focusQuestion(missing);
-      status.textContent = "Answer every question first.";
+      say("Answer every question first.", "failed");
       return;
     }
     const answers = {};
@@ -157,8 +164,12 @@
     const next = firstUnanswered(i + 1);
     focusQuestion(next === -1 ? i : next);
   }));
+  const flagBox = document.getElementById("flag-box");
+  const skipForm = document.getElementById("skip-form");
   document.addEventListener("keydown", (e) => {
     if (e.ctrlKey || e.metaKey || e.altKey || sending) return;
+    // Typing a flag's comment is typing, not answering.
+    if (e.target instanceof Element && e.target.closest("textarea, input[type=text]")) return;
     // A focused link or button (the menu, Sign out, Submit) keeps its own Enter and Space.
     if (e.target instanceof Element && e.target.closest("a, button") &&
         (e.key === "Enter" || e.key === " ")) return;
@@ -180,6 +191,13 @@
       submit();
     } else if ((e.key === "u" || e.key === "U") && form.dataset.last) {
       location.assign(`/label/${form.dataset.last}`);
+    } else if ((e.key === "s" || e.key === "S") && skipForm) {
+      e.preventDefault();
+      skipForm.submit();
+    } else if ((e.key === "f" || e.key === "F") && flagBox) {
+      e.preventDefault();
+      flagBox.open = true;
+      document.getElementById("flag-comment").focus();
     }
   });
 
