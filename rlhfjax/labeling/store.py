@@ -9,7 +9,8 @@ id already applied to an assignment is acknowledged again and changes nothing (a
 undo a later revision), a new one from the same labeler revises the label.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
-than k, so picking the next pair does not slow down as finished pairs pile up.
+than k and not held by a flag, so picking the next pair, and counting those left, does not slow
+down as finished pairs pile up.
 
 Assignment rules:
 - a pair goes to `k` distinct labelers (never twice to one: one assignment per pair and labeler);
@@ -147,10 +148,12 @@ class Store:
         db.execute("ROLLBACK")
         raise
     db.executescript(SCHEMA)  # Idempotent; executescript runs its own transaction.
-    self._open = f"gold IS NULL AND done_count < {int(settings.k)}"  # A literal: the index's.
-    self._queued = f"{self._open} AND held = 0"  # Open and not held by a flag.
-    db.execute(f"CREATE INDEX IF NOT EXISTS items_open_{int(settings.k)} ON items (position) "
-               f"WHERE {self._open}")
+    k = int(settings.k)
+    self._open = f"gold IS NULL AND done_count < {k}"
+    self._queued = f"{self._open} AND held = 0"  # Open and not held by a flag: the index's literal.
+    self._index = f"items_queued_{k}"
+    db.execute(f"CREATE INDEX IF NOT EXISTS {self._index} ON items (position) WHERE {self._queued}")
+    db.execute(f"DROP INDEX IF EXISTS items_open_{k}")  # An earlier version's, without `held`.
 
   def _db(self) -> sqlite3.Connection:
     db = getattr(self._local, "db", None)
@@ -326,7 +329,7 @@ class Store:
             "LIMIT 1", (labeler_id,)).fetchone()
       if item is None:
         item = db.execute(
-            f"SELECT id FROM items i INDEXED BY items_open_{int(s.k)} WHERE {self._queued} AND "
+            f"SELECT id FROM items i INDEXED BY {self._index} WHERE {self._queued} AND "
             "NOT EXISTS (SELECT 1 FROM assignments a WHERE a.item_id = i.id AND "
             "a.labeler_id = ?) AND (SELECT COUNT(*) FROM assignments a WHERE a.item_id = i.id "
             "AND (a.done IS NOT NULL OR a.lease_expires > ?)) < ? ORDER BY position LIMIT 1",
@@ -456,7 +459,8 @@ class Store:
     db = self.read()
     mine = db.execute("SELECT COUNT(*) FROM assignments WHERE labeler_id = ? AND done IS NOT NULL",
                       (labeler_id,)).fetchone()[0]
-    open_pairs = db.execute(f"SELECT COUNT(*) FROM items WHERE {self._queued}").fetchone()[0]
+    open_pairs = db.execute(f"SELECT COUNT(*) FROM items INDEXED BY {self._index} WHERE "
+                            f"{self._queued}").fetchone()[0]
     seen = db.execute("SELECT COUNT(*) FROM assignments a JOIN items i ON i.id = a.item_id "
                       "WHERE a.labeler_id = ? AND i.gold IS NULL AND i.done_count < ? AND "
                       "i.held = 0", (labeler_id, self.settings.k)).fetchone()[0]
