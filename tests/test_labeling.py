@@ -642,7 +642,9 @@ def test_disagreements_are_shown_to_admins_only_in_pair_order(tmp_path):
   ca, a = page_ids(ada.get("/").text)
   cb, b = page_ids(bob.get("/").text)
   post_label(ada, a, ca, stiennon_answers(1))  # Left definitely better, as ada saw it.
-  post_label(bob, b, cb, stiennon_answers(9))
+  swaps = [site.store.assignment(lid(site.store, n), int(x))["swapped"]
+           for n, x in (("ada", a), ("bob", b))]
+  post_label(bob, b, cb, stiennon_answers(9 if swaps[0] == swaps[1] else 1))  # The other one.
   rows = site.store.labels()
   assert rows[0]["uid"] == rows[1]["uid"]
   page = root.get("/admin/disagreements").text
