@@ -12,10 +12,16 @@ import os
 import tempfile
 from typing import IO, Iterator
 
+from rlhfjax.errors import ConfigError
+
 
 def check_writable(directory: str) -> None:
   """Creates `directory` if needed and a file in it; raises the OSError (read-only file system, no
-  permission) naming `directory` before any work is done rather than at the first save."""
+  permission) naming `directory` before any work is done rather than at the first save, and a
+  ConfigError when it is a file."""
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    raise ConfigError(f"--workdir {directory} is a file, not a directory (the workdir is the "
+                      "directory a run writes to; it is created if missing)")
   try:
     os.makedirs(directory, exist_ok=True)
     fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-test-")

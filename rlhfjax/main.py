@@ -2,10 +2,10 @@
 
 `config.task` picks the job. Configuration mistakes (an unknown key, a wrong type, a missing file)
 and a workdir that cannot be written (read-only, full, no permission) end in one line naming the
-culprit and exit status 2, not a traceback; what earlier stages wrote stays as it was. SIGTERM saves a checkpoint
-and exits with status 75; the same command resumes. A non-finite loss or gradient norm stops
-training with one line (step, metric, last good checkpoint) and exit status 3. Every process of a
-multi-host run executes this same command (see launch/).
+culprit and exit status 2, not a traceback; what earlier stages wrote stays as it was. SIGTERM
+saves a checkpoint and exits with status 75; the same command resumes. A non-finite loss or
+gradient norm stops training with one line (step, metric, last good checkpoint) and exit status 3.
+Every process of a multi-host run executes this same command (see launch/).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import errno
 import os
 import re
 import sys
-import textwrap
 from typing import Callable
 
 from absl import app
@@ -91,21 +90,60 @@ TASKS: dict[str, Callable] = {
 }
 
 
+# One line per task for `--help`.
+TASK_HELP = {
+    "pipeline": "run config.stages in order (the default of most shipped configs)",
+    "sft": "supervised fine-tuning on the reference answers, then its report",
+    "label": "sample SFT pairs and label them with config.label.annotator (comparison files)",
+    "label_load": "queue pairs for people to label (labeling.source)",
+    "label_user": "create a labeler and print a one-time sign-in link",
+    "label_server": "serve the labeling site",
+    "label_export": "write the human labels as comparison files and the agreement report",
+    "rm": "train the Bradley-Terry reward model, then its report",
+    "ppo": "PPO against the reward model with a per-token KL penalty to the SFT policy",
+    "rloo": "REINFORCE leave-one-out",
+    "grpo": "group-relative policy optimisation",
+    "online_dpo": "DPO on pairs sampled and labelled during training",
+    "best_of_n": "best-of-n sampling against the reward model",
+    "expert_iteration": "fine-tune on the best of n samples",
+    "dpo": "direct preference optimisation on the comparison files",
+    "feedme": "binary FeedME: fine-tune on the preferred responses",
+    "reward_conditioning": "binary reward conditioning: positive/negative control codes",
+    "quark": "Quark: rounds of sampling, keeping the top reward quantile, fine-tuning on it",
+    "eval": "the leaderboard of win-rates against the references, and the over-optimisation plot",
+    "memory": "plan the bytes per device of every step for config.mesh (no compile)",
+    "compile": "compile the steps for a TPU slice or a GPU and report memory, collectives, MFU",
+    "export": "write a trained policy or reward model as a Hugging Face directory",
+    "seeds": "the pipeline once per seed, and the leaderboard as mean ± sd across seeds",
+}
+EXAMPLES = """\
+  python -m rlhfjax.main --config configs/tldr_sim.py --workdir runs/quickstart
+  python -m rlhfjax.main --config configs/tldr_sim.py:tiny --workdir /tmp/tiny   # seconds
+  python -m rlhfjax.main --config configs/tldr_sim.py --workdir runs/quickstart --config.task=rm \\
+      --config.rm.epochs=2"""
+
+
 def _help() -> str:
-  """What `--help` prints after the module docstring: the tasks and the shipped configs."""
+  """What `--help` prints: usage, examples, the flags, every task with a line, the shipped
+  configs."""
   configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
   shipped = sorted(f"configs/{f}" for f in os.listdir(configs) if f.endswith(".py")) if \
       os.path.isdir(configs) else []
-  tasks = textwrap.fill(", ".join(["pipeline", *TASKS]), 96, initial_indent="  ",
-                        subsequent_indent="  ")
-  lines = ["", "Tasks (--config.task=NAME; 'pipeline' runs config.stages in order):", tasks]
+  summary = __doc__.split("\n\n", 1)[1].strip()
+  width = max(map(len, TASK_HELP))
+  lines = ["usage: python -m rlhfjax.main --config PATH[:ARG] [--workdir DIR] "
+           "[--config.KEY=VALUE ...]", "", summary, "", "Examples:", EXAMPLES, "", "Flags:",
+           "  --config PATH[:ARG]   a config file (configs/*.py), required; ARG picks a variant",
+           "  --workdir DIR         where checkpoints, metrics and outputs go (default: "
+           "config.workdir);", "                        a rerun in the same workdir resumes",
+           "  --config.KEY=VALUE    overrides any key of the config, e.g. --config.ppo.steps=10",
+           "", "Tasks (--config.task=NAME):"]
+  lines += [f"  {name:<{width}}  {text}" for name, text in TASK_HELP.items()]
   if shipped:
-    lines += ["", "Shipped configs (--config=PATH; PATH:tiny runs a few steps of each stage of "
-              "those that take it):"] + [f"  {path}" for path in shipped]
+    lines += ["", "Shipped configs (PATH:tiny runs a few steps of each stage of those that take "
+              "it):"] + [f"  {path}" for path in shipped]
   return "\n".join(lines) + "\n"
 
-
-__doc__ += _help()
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py).",
                                           lock_config=True)
@@ -188,9 +226,10 @@ def main(argv: list[str]) -> None:
 
 def _flags_parser(argv: list[str]) -> list[str]:
   """Parses flags and loads the config; a mistake becomes one line naming it, not a usage dump.
-  `--help` prints the usage with the tasks and shipped configs and exits 0 (absl's exits 1)."""
-  if any(a in ("--help", "-h", "-?", "--helpshort") for a in argv[1:]):
-    app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)
+  `--help` prints `_help()` and exits 0 (absl's usage names this file and exits 1)."""
+  if any(a in ("--help", "-h", "-?", "--helpshort", "--helpfull") for a in argv[1:]):
+    sys.stdout.write(_help())
+    sys.exit(0)
   try:
     rest = flags.FLAGS(argv)
     _ = _CONFIG.value.task  # Config files load lazily: touch one to surface a loading error.

@@ -158,3 +158,34 @@ def test_full_disk_then_rerun_with_space(earlier, tmp_path):
   assert (tmp_path / "rc2").read_text().strip() == "0", (tmp_path / "err2").read_text()[-3000:]
   listed = (tmp_path / "ls2").read_text().split()
   assert "model" in listed and not any(n.endswith("-tmp") for n in listed), listed
+
+
+def test_a_malformed_comparison_is_reported_once_with_what_was_kept(tmp_path, capsys):
+  """The file's count (read, kept, left out) on one line, each malformed record once, and a second
+  read of the same file (task=rm's report) says nothing again."""
+  from rlhfjax.algorithms import reward_model
+  from rlhfjax.feedback import records
+  path = str(tmp_path / "c.jsonl")
+  one = records.Comparison(prompt="post", response_a="x", response_b="y", choice=0, id="p1")
+  records.write(path, [one] * 10 + [records.Comparison(prompt="post", response_a="x",
+                                                       response_b="y", choice=0, tie=True,
+                                                       id="p2")],
+                "openai")
+  with open(path, "a", encoding="utf-8") as f:
+    f.write('{"bad": 1}\n')
+  assert len(reward_model.load_comparisons(path, "openai", "rm.train_file")) == 10
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == f"{path}: read 12 records, kept 10 (1 malformed, 1 ties left out)"
+  assert len([line for line in out if "malformed:" in line and f"{path}:12:" in line]) == 1
+  assert len(reward_model.load_comparisons(path, "openai", report=False)) == 10
+  assert capsys.readouterr().out == ""
+
+
+def test_a_workdir_that_is_a_file_says_so(tmp_path):
+  from conftest import load_config  # pylint: disable=g-import-not-at-top
+  from rlhfjax.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  path = tmp_path / "notes.txt"
+  path.write_text("mine")
+  with pytest.raises(ConfigError, match=rf"^--workdir {path} is a file, not a directory"):
+    main.run(load_config(), str(path))
+  assert path.read_text() == "mine"

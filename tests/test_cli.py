@@ -73,11 +73,19 @@ def test_missing_stage_input_names_the_task(tmp_path):
 
 
 def test_help_lists_tasks_and_configs_and_exits_0():
-  for flag in ("--help", "-h"):
-    r = _main(flag)
-    assert r.returncode == 0, r.stderr
-    assert "Tasks (--config.task=NAME" in r.stdout and "label_server" in r.stdout
-    assert "configs/tldr_sim.py" in r.stdout and "configs/labeling.py" in r.stdout
+  r = _main("--help")
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.startswith("usage: python -m rlhfjax.main --config PATH[:ARG] [--workdir DIR]")
+  assert "Examples:\n  python -m rlhfjax.main --config configs/tldr_sim.py --workdir " in r.stdout
+  for name in ("pipeline", *main.TASKS):  # One line per task, saying what it does.
+    assert re.search(rf"^  {name} +\S.+$", r.stdout, re.M), name
+  assert "configs/tldr_sim.py" in r.stdout and "configs/labeling.py" in r.stdout
+  assert "None" not in r.stdout and "main.py:" not in r.stdout  # No absl flag dump.
+  assert _main("-h").stdout == r.stdout
+
+
+def test_every_task_has_a_help_line():
+  assert set(main.TASK_HELP) == {"pipeline", *main.TASKS}
 
 
 @pytest.mark.parametrize("key, value, says", [

@@ -137,10 +137,12 @@ def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, s
   return out
 
 
-def load_comparisons(path: str, layout: str, key: str = "") -> list[records.Comparison]:
-  """The usable comparisons of `path`: malformed lines are reported (file:line) and skipped, ties
-  are counted and left out. `key` names the config key that chose the file, for the error when
-  nothing decisive is left."""
+def load_comparisons(path: str, layout: str, key: str = "",
+                     report: bool = True) -> list[records.Comparison]:
+  """The usable comparisons of `path`: malformed lines are skipped, ties left out, and with
+  `report` (off for a second read of the same file) one line says how many records were read and
+  kept, followed by the malformed ones (file:line). `key` names the config key that chose the
+  file, for the error when nothing decisive is left."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
@@ -150,14 +152,17 @@ def load_comparisons(path: str, layout: str, key: str = "") -> list[records.Comp
     first = f": {problems[0]} (and {len(problems) - 1} more; is the layout {layout!r} right?)" \
         if problems else ": the file is empty" + (f" ({needs})" if needs else "")
     raise DataError(f"{path} holds no comparisons{first}")
-  for p in problems[:5]:
-    metrics_lib.info(f"skipping malformed comparison: {p}")
-  if len(problems) > 5:
-    metrics_lib.info(f"... and {len(problems) - 5} more malformed lines in {path}")
-  ties = sum(c.tie for c in comps)
-  if ties:  # Human labels may say "neither"; the Bradley–Terry loss needs a preferred side.
-    metrics_lib.info(f"{path}: leaving out {ties} ties of {len(comps)} comparisons")
-    comps = [c for c in comps if not c.tie]
+  ties = sum(c.tie for c in comps)  # Human labels may say "neither"; Bradley–Terry needs a side.
+  if report:
+    read = len(comps) + len(problems)
+    left_out = [f"{n} {what}" for n, what in ((len(problems), "malformed"), (ties, "ties")) if n]
+    metrics_lib.info(f"{path}: read {read} records, kept {len(comps) - ties}" +
+                     (f" ({', '.join(left_out)} left out)" if left_out else ""))
+    for p in problems[:5]:
+      metrics_lib.info(f"  malformed: {p}")
+    if len(problems) > 5:
+      metrics_lib.info(f"  ... and {len(problems) - 5} more malformed records in {path}")
+  comps = [c for c in comps if not c.tie]
   if not comps:
     raise DataError(f"{path} holds only ties ({ties}): {needs or 'no pair has a preferred side'}")
   return comps

@@ -75,8 +75,8 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
-  val_comps = reward_model.load_comparisons(files["valid"], c.layout)
-  train_comps = reward_model.load_comparisons(files["train"], c.layout)
+  val_comps = reward_model.load_comparisons(files["valid"], c.layout, report=False)
+  train_comps = reward_model.load_comparisons(files["train"], c.layout, report=False)
   # Training accuracy on as many training pairs as there are held-out ones.
   train_pref, train_labels, _ = _judge(params, exp, train_comps[:len(val_comps)])
   rm_pref, labels, margin = _judge(params, exp, val_comps)
