@@ -125,6 +125,21 @@ def test_rollout_decodes_without_gathering_weights(reports, tmp_path):
   assert before["ppo_decode"]["layout"]["dtype"] == "float32"
 
 
+@needs_libtpu
+def test_decode_does_not_gather_the_cache_when_tensor_exceeds_the_kv_heads(tmp_path):
+  """8 query heads and 2 kv heads decoding at tensor = 4: the cache cannot split by kv head, so
+  each chip keeps it whole; without the constraint on the updated cache XLA split it the way the
+  k/v projections are and gathered it every layer and token (70B on v6e-256: 5 GiB per chip)."""
+  c = load_config()
+  c.model.update(variant="llama", n_heads=8, d_model=64, n_kv_heads=2, dtype="bfloat16")
+  c.compile.update(topology="v5e:2x2", steps="ppo_decode")
+  c.rollout.mesh = "data=1,tensor=4"
+  decode = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]["ppo_decode"]
+  assert decode["layout"]["tensor"] == 4
+  assert decode["collectives"]["all-gather"]["count"] == 0, decode["collectives"]
+  assert decode["bound"] == "hbm"
+
+
 def test_collectives_are_counted_from_hlo_text():
   """Async pairs once (bytes from the -done), one channel copied into two fusions once, a while
   body times its trip count (XLA's, or the bound in its condition), tuples every element; bytes

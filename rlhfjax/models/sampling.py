@@ -179,7 +179,7 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
 def _constrain_cache(cache: transformer.Cache) -> transformer.Cache:
   """The KV cache split by rows and kv heads under the mesh the sampler runs in (a no-op
   outside one), so it lives in the rollout layout."""
-  kv = ("batch", "kv_heads", "length", "head_dim")
+  kv = transformer.CACHE_AXES
   return {"k": [rules.constrain(c, kv) for c in cache["k"]],
           "v": [rules.constrain(c, kv) for c in cache["v"]],
           "mask": rules.constrain(cache["mask"], ("batch", "length"))}

@@ -38,6 +38,7 @@ Cache = dict[str, Any]  # {'k': [per-layer arrays], 'v': [...], 'mask': array}; 
 
 # The residual stream [B, T, D] is split by batch only (see rules.constrain).
 ACTIVATION_AXES = ("batch", "length", None)
+CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")  # One layer's keys or values in the cache.
 
 
 def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
@@ -346,7 +347,11 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
       kv = (k, v) if keep_kv else None
     else:  # Write this call's keys/values at their slots, then attend over the slots read.
       start = (0, 0, cache_index, 0)
-      kv = tuple(jax.lax.dynamic_update_slice(c, new.transpose(0, 2, 1, 3).astype(c.dtype), start)
+      # Pinned to the cache's own split: else, where `tensor` exceeds the kv heads, XLA keeps the
+      # updated cache split as the k/v projections are (part of a head per device) and gathers it
+      # whole for attention, every layer and token.
+      kv = tuple(rules.constrain(jax.lax.dynamic_update_slice(
+          c, new.transpose(0, 2, 1, 3).astype(c.dtype), start), CACHE_AXES)
                  for c, new in zip(kv, (k, v)))
       h = _attend(p["attn"], q, *(c[:, :, :allowed.shape[-1]] for c in kv), allowed, cfg, r[0],
                   heads_major=True, ad=ad_attn, scale=scale)
