@@ -110,3 +110,13 @@ def test_out_of_range_values_name_the_key_before_any_work(tmp_path, key, value, 
 def test_out_of_range_on_the_command_line(tmp_path):
   _one_line_error(_main("--config", "configs/tldr_sim.py:tiny", "--workdir", str(tmp_path),
                         "--config.ppo.minibatch_size=-4"), "ppo.minibatch_size must be > 0, got -4")
+
+
+def test_the_cli_runs_without_the_label_extra():
+  """`pip install -e .` (the README's first command) has no Starlette, uvicorn or markdown-it-py:
+  the CLI must import without them (the labeling site imports them when it is served)."""
+  code = ("import sys\nfor m in ('starlette', 'uvicorn', 'markdown_it'):\n  sys.modules[m] = None\n"
+          "import rlhfjax.main\nprint('ok')")
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -22,7 +22,6 @@ from typing import Any
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.labeling import comparisons
-from rlhfjax.labeling import guidelines
 from rlhfjax.labeling import protocols
 from rlhfjax.labeling import sources
 from rlhfjax.labeling import store as store_lib
@@ -91,8 +90,9 @@ def user(config, workdir: str) -> str:
 
 def serve(config, workdir: str) -> None:
   """task=label_server: serves until interrupted (Ctrl-C or SIGTERM)."""
-  try:
+  try:  # The label extra: the web stack and the guidelines' Markdown renderer.
     import uvicorn
+    from rlhfjax.labeling import guidelines
     from rlhfjax.labeling import server
   except ImportError as e:
     raise ConfigError(f"task=label_server needs the label extra: pip install -e '.[label]' ({e})"
