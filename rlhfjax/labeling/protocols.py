@@ -58,7 +58,7 @@ class Protocol:
 
 
 _LIKERT = tuple((str(v), str(v)) for v in range(1, 8))
-_NINE = tuple((str(v), label) for v, label in zip(range(1, 10), (
+NINE = tuple((str(v), label) for v, label in zip(range(1, 10), (
     "left definitely better", "left better", "left somewhat better", "left slightly better",
     "no preference", "right slightly better", "right somewhat better", "right better",
     "right definitely better")))
@@ -68,7 +68,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         name="stiennon", title="Which summary is better?",
         instructions="Read the post, then both summaries. Say which summary is better on the "
                      "9-point scale, then rate each summary from 1 (poor) to 7 (excellent).",
-        pair=(Question("preference", "Which summary is better?", _NINE),),
+        pair=(Question("preference", "Which summary is better?", NINE),),
         per_response=(
             Question("overall", "Overall quality", _LIKERT),
             Question("accuracy", "Accuracy: states only what the post says", _LIKERT),

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlhfjax.evaluation import agreement
+from rlhfjax.labeling import protocols
 
 # Judges beside the labelers; labeler names have no spaces (`tasks.user`), so these never clash.
 LONGER, GOLD = "longer response", "gold answer"
@@ -149,10 +150,9 @@ def in_pair_order(preference: float, extra: Mapping[str, object]) -> str:
   """A label's answer in the pair's own A/B terms (what the admin compares across labelers): the
   9-point rating when there is one (`confidence`, 1: A definitely better), else A, B or tie."""
   rating = extra.get("confidence")
-  if isinstance(rating, int) and 1 <= rating <= 9:
-    return (f"{rating}: " + ("A definitely better", "A better", "A somewhat better",
-                             "A slightly better", "no preference", "B slightly better",
-                             "B somewhat better", "B better", "B definitely better")[rating - 1])
+  if isinstance(rating, int) and 1 <= rating <= 9:  # The scale's words, left/right read as A/B.
+    words = protocols.NINE[rating - 1][1]
+    return f"{rating}: " + words.replace("left", "A").replace("right", "B")
   return {0.0: "A better", 0.5: "tie", 1.0: "B better"}[preference]
 
 

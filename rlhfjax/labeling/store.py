@@ -134,19 +134,12 @@ class Store:
     os.makedirs(directory, exist_ok=True)
     if not os.path.exists(path):
       os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    with self.write() as db:  # One transaction: two processes opening an old file migrate once.
+      for table, column, declaration in ADDED_COLUMNS:
+        columns = {r["name"] for r in db.execute(f"SELECT name FROM pragma_table_info('{table}')")}
+        if columns and column not in columns:  # An existing table of an earlier version.
+          db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
     db = self._db()
-    with self._turn:
-      db.execute("BEGIN IMMEDIATE")  # Two processes opening an old file migrate it once.
-      try:
-        for table, column, declaration in ADDED_COLUMNS:
-          exists = db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?",
-                              (column,)).fetchone()
-          if db.execute(f"SELECT 1 FROM pragma_table_info('{table}')").fetchone() and not exists:
-            db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-        db.execute("COMMIT")
-      except BaseException:
-        db.execute("ROLLBACK")
-        raise
     db.executescript(SCHEMA)  # Idempotent; executescript runs its own transaction.
     k = int(settings.k)
     self._open = f"gold IS NULL AND done_count < {k}"
