@@ -23,9 +23,9 @@ import time
 import numpy as np
 import zstandard
 
-from rlhfjax.data import reddit
-from rlhfjax.data import tldr_mining
-from rlhfjax.data import world
+from rlhfjax.simulated import world
+from rlhfjax.sources import reddit
+from rlhfjax.sources import tldr_mining
 from throughput import report
 
 KEYWORDS = ("TL;DR:", "tl;dr", "TLDR", "tl dr", "Tl,dr:", "**TL;DR**", "tl/dr -")

@@ -18,11 +18,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlhfjax import compile as compile_task
 from rlhfjax import config_file
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import tpu
 from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.parallel import tpu
+from rlhfjax.stages import compile as compile_task
 
 
 def main(paths: list[str]) -> None:

@@ -23,10 +23,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlhfjax import compile as compile_task
 from rlhfjax import config_file
-from rlhfjax.parallel import memory
 from rlhfjax.parallel import tpu
+from rlhfjax.stages import compile as compile_task
+from rlhfjax.stages import memory
 
 STEPS = "sft,rm,ppo_prefill,ppo_decode,ppo_update"
 SHOWN = ("sft", "rm", compile_task.WHOLE_PPO)

@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.stages = "sft,rm,ppo,best_of_n,dpo,eval"
   c.workdir = "runs/alpaca"
 
-  # AlpacaFarm's splits of the 52k Alpaca instructions, in examples (see pipeline.TFDS_SPLITS).
+  # AlpacaFarm's splits of the 52k Alpaca instructions, in examples (see loading.TFDS_SPLITS).
   c.data = dict(source="tfds", tfds_name="alpaca", tfds_config="", data_dir="", manual_dir="",
                 seed=0, sft=10_000, pref=10_000, unlabeled=20_000, validation=2_000)
   c.tokenizer.update(vocab_size=8000, train_examples=10_000)

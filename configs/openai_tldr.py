@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.workdir = "runs/openai_tldr"
 
   # tldr_3_filtered: 116,722 train, 6,447 valid and 6,553 test posts, already through the filters of
-  # App. A (rlhfjax/data/openai_tldr.py). Its splits map to ours as in pipeline.TFDS_SPLITS.
+  # App. A (rlhfjax/sources/openai_tldr.py). Its splits map to ours as in loading.TFDS_SPLITS.
   c.data = dict(source="tfds", tfds_name="openai_tldr", tfds_config="", data_dir="", manual_dir="",
                 seed=0)
   # Real Reddit text needs more pieces than the simulated world's small vocabulary.

@@ -237,7 +237,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    steps="sft,rm,dpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
-  # task=seeds (rlhfjax/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
+  # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
   # <workdir>/seed_<s> with seed=s (model init, batch order, samples, label and judge draws), then
   # <workdir>/seeds/summary.md gives each method's leaderboard numbers as mean ± sd over the seeds
   # and the orderings of methods that hold in every seed. world=True also sets data.seed and

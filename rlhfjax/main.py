@@ -23,12 +23,6 @@ import jax
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
-from rlhfjax import compile as compile_task
-from rlhfjax import config_check
-from rlhfjax import export
-from rlhfjax import files
-from rlhfjax import runtime
-from rlhfjax import seeds
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
@@ -41,15 +35,21 @@ from rlhfjax.algorithms import reward_conditioning
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import rloo
 from rlhfjax.algorithms import sft
+from rlhfjax import config_check
 from rlhfjax.errors import ConfigError, DataError, Diverged
 from rlhfjax.evaluation import leaderboard
 from rlhfjax.evaluation import rm_report
 from rlhfjax.evaluation import sft_report
-from rlhfjax.feedback import label
+from rlhfjax import files
 from rlhfjax.labeling import tasks as labeling
 from rlhfjax.parallel import distributed
-from rlhfjax.parallel import memory
 from rlhfjax.parallel import preemption
+from rlhfjax import runtime
+from rlhfjax.stages import compile as compile_task
+from rlhfjax.stages import export
+from rlhfjax.stages import label
+from rlhfjax.stages import memory
+from rlhfjax.stages import seeds
 
 
 

@@ -24,11 +24,13 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reward_model, rloo, sft  # noqa: E402
-from rlhfjax.models import heads, sampling, transformer  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
-from rlhfjax.parallel import memory, rollout, rules  # noqa: E402
+from rlhfjax.models import heads, sampling, transformer  # noqa: E402
+from rlhfjax.models import sharding_rules  # noqa: E402
 from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
+from rlhfjax.parallel import rollout  # noqa: E402
 from rlhfjax.parallel.sharding import Parallel, bytes_per_device, to_host  # noqa: E402
+from rlhfjax.stages import memory  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
@@ -177,7 +179,7 @@ def sample_rollouts(par: Parallel, data: list[dict[str, np.ndarray]], init: dict
     mesh = rollout.mesh(layout, par.mesh)
     params = rollout.reshard(trained, axes, layout, mesh)
     rows = lambda x, mesh=mesh: jax.device_put(x, jax.sharding.NamedSharding(
-        mesh, rules.spec(("batch", None), x.shape, mesh)))
+        mesh, sharding_rules.spec(("batch", None), x.shape, mesh)))
     with jax.set_mesh(mesh):
       got = sampling.sample(params, rows(data[0]["prompt"]), rows(data[0]["prompt_mask"]),
                             jax.random.key(7), CFG, SAMPLING)

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.evaluation import agreement
 from rlhfjax.evaluation import rm_probes
 from rlhfjax.feedback import annotators
-from rlhfjax.feedback import records
+from rlhfjax.simulated import world
 
 EXAMPLES = world.generate(seed=5, start=0, count=400)
 REFS = [e.reference for e in EXAMPLES]
@@ -133,7 +134,7 @@ def test_probes_are_clear_to_gold():
 def test_deciding_component_and_split_hand_worked():
   s = world.Situation(24, "F", "boyfriend", 26, "M", "2 years", ("forgot_birthday",), "hurt",
                       "end", (("pet", "milo"),))
-  e = world.Example("x", "relationships", "t", "p", "r", s)
+  e = pipeline.Tldr("x", "relationships", "t", "p", "r", s)
   full = "My (24F) boyfriend (26M) of 2 years forgot my birthday and I feel hurt. Should I break up?"
   pairs = [
       (full, full.replace(" and I feel hurt", "")),  # An omission: coverage decides.

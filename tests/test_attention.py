@@ -19,9 +19,9 @@ import pytest
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import attention
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
 
 GPT2 = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
                    d_ff=64, max_len=128)
@@ -410,8 +410,8 @@ def test_auto_traces_cudnn_only_with_cuda(monkeypatch):
 
 
 def test_auto_lowers_to_splash_for_tpu():
-  """Lowered for a TPU (a v5e chip described on this host, as rlhfjax/compile.py does), auto is the
-  splash kernel, a TPU custom call; lowered for the CPU, it is not."""
+  """Lowered for a TPU (a v5e chip described on this host, as rlhfjax/stages/compile.py does), auto
+  is the splash kernel, a TPU custom call; lowered for the CPU, it is not."""
   pytest.importorskip("libtpu")
   from jax.experimental import topologies
   from jax.sharding import Mesh, NamedSharding, PartitionSpec

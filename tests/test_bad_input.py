@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from rlhfjax import main
 from rlhfjax.errors import DataError
+from rlhfjax import main
 
 
 def _digests(directory: str) -> dict[str, str]:
@@ -164,7 +164,7 @@ def test_a_malformed_comparison_is_reported_once_with_what_was_kept(tmp_path, ca
   """The file's count (read, kept, left out) on one line, each malformed record once, and a second
   read of the same file (task=rm's report) says nothing again."""
   from rlhfjax.algorithms import reward_model
-  from rlhfjax.feedback import records
+  from rlhfjax.data import records
   path = str(tmp_path / "c.jsonl")
   one = records.Comparison(prompt="post", response_a="x", response_b="y", choice=0, id="p1")
   records.write(path, [one] * 10 + [records.Comparison(prompt="post", response_a="x",

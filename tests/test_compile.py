@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import ROOT, load_config
-from rlhfjax import compile as compile_task
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
-from rlhfjax.models import flops, transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.models import flops, transformer
 from rlhfjax.parallel import tpu
+from rlhfjax.stages import compile as compile_task
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
+from rlhfjax.data import records  # noqa: E402
 from rlhfjax.errors import ConfigError  # noqa: E402
 from rlhfjax.evaluation import turing_advice  # noqa: E402
-from rlhfjax.feedback import records  # noqa: E402
 from rlhfjax.labeling import comparisons  # noqa: E402
 from rlhfjax.labeling import protocols  # noqa: E402
 from rlhfjax.labeling import report  # noqa: E402

@@ -32,12 +32,12 @@ import time
 
 import pytest
 
-from rlhfjax import main
-from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.feedback import contrast
-from rlhfjax.feedback import records
 from rlhfjax.labeling import sources
 from rlhfjax.labeling import tasks
+from rlhfjax import main
+from rlhfjax.sources import loading
 from conftest import ROOT, load_config
 
 MISSING = None  # Why the browser tests cannot run here, if they cannot.
@@ -591,7 +591,7 @@ def test_screenshot(tmp_path, browser, monkeypatch):
   base = f"http://127.0.0.1:{port}"
   path = os.path.join(workdir, "pairs.jsonl")
   config = _config("label_load", port)
-  comps = contrast.comparisons(pipeline.load_splits(config.data)["test"], 0)[:8]
+  comps = contrast.comparisons(loading.load_splits(config.data)["test"], 0)[:8]
   records.write(path, comps, "openai")
   right_answers = {c.response_b if c.choice else c.response_a for c in comps}
   main.run(_config("label_load", port, source=f"comparisons:{path}"), workdir)

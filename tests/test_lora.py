@@ -16,11 +16,11 @@ import pytest
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import heads
 from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -193,7 +193,7 @@ def test_ppo_with_lora_keeps_one_backbone():
 
 
 def test_memory_task_shows_a_lora_ppo_run_holds_one_backbone(tiny_config):
-  from rlhfjax.parallel import memory
+  from rlhfjax.stages import memory
   from rlhfjax.parallel.sharding import Parallel
   cfg = ModelConfig.from_mapping(tiny_config.model.to_dict())
   par = Parallel.from_config(tiny_config.mesh)

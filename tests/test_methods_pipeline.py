@@ -10,10 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from rlhfjax import main
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
+from rlhfjax import main
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
@@ -152,7 +152,7 @@ def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
 def test_feedme_and_reward_conditioning(tiny_pipeline):
   from rlhfjax.algorithms import reward_conditioning
   from rlhfjax.algorithms import reward_model
-  from rlhfjax.feedback import records
+  from rlhfjax.data import records
   config, workdir = tiny_pipeline
   changed = config.copy_and_resolve_references()
   changed.stages = "feedme,reward_conditioning"

@@ -7,8 +7,9 @@ import types
 
 import pytest
 
-from rlhfjax.data import alpaca, formats, openai_tldr
+from rlhfjax.data import formats
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax.sources import alpaca, openai_tldr
 
 
 def words(n, word="word"):

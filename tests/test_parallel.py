@@ -16,7 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import ROOT
 from rlhfjax.errors import ConfigError
-from rlhfjax.parallel import distributed, preemption, rules
+from rlhfjax.models import sharding_rules
+from rlhfjax.parallel import distributed, preemption
 from rlhfjax.parallel.mesh import mesh_shape
 from rlhfjax.training import checkpoint, loop, metrics
 from rlhfjax.training.state import TrainState
@@ -36,15 +37,16 @@ def test_mesh_shape_resolves_minus_one_and_rejects_bad_shapes():
 
 
 def test_rules_shard_what_divides_and_replicate_the_rest():
-  class FakeMesh:  # rules.spec only reads the axis sizes.
+  class FakeMesh:  # sharding_rules.spec only reads the axis sizes.
     shape = {"data": 2, "fsdp": 4, "tensor": 2}
   mesh = FakeMesh()
-  assert rules.spec(("vocab", "embed"), (64, 32), mesh) == P("tensor", "fsdp")
-  assert rules.spec(("embed", "heads", "head_dim"), (32, 3, 8), mesh) == P("fsdp", None, None)
-  assert rules.spec(("batch", "length"), (8, 5), mesh) == P(("data", "fsdp"), None)
-  assert rules.spec(("batch",), (6,), mesh) == P(None)  # 6 rows do not split 8 ways.
-  assert rules.spec(("layers", "embed", "mlp"), (2, 30, 64), mesh) == P(None, None, "tensor")
-  assert rules.spec((), (), mesh) == P()
+  spec = sharding_rules.spec
+  assert spec(("vocab", "embed"), (64, 32), mesh) == P("tensor", "fsdp")
+  assert spec(("embed", "heads", "head_dim"), (32, 3, 8), mesh) == P("fsdp", None, None)
+  assert spec(("batch", "length"), (8, 5), mesh) == P(("data", "fsdp"), None)
+  assert spec(("batch",), (6,), mesh) == P(None)  # 6 rows do not split 8 ways.
+  assert spec(("layers", "embed", "mlp"), (2, 30, 64), mesh) == P(None, None, "tensor")
+  assert spec((), (), mesh) == P()
 
 
 def test_distributed_config_errors_and_single_process_default():

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from rlhfjax import main
 from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
-from rlhfjax.feedback import records
+from rlhfjax import main
+from rlhfjax.sources import loading
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
 
@@ -273,4 +274,4 @@ def test_alpaca_split_too_large_names_the_data_key(alpaca_run, tmp_path):
   config.data.update(unlabeled=100, data_dir=str(tmp_path / "tfds"))
   with pytest.raises(ConfigError, match=r"^data[.]unlabeled: 100 examples do not fit: the data "
                                         r"has 24, of which the splits before it take 12"):
-    pipeline.load_splits(config.data)
+    loading.load_splits(config.data)

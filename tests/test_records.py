@@ -8,8 +8,8 @@ import re
 
 import pytest
 
+from rlhfjax.data import records
 from rlhfjax.errors import DataError
-from rlhfjax.feedback import records
 
 OPENAI_ROW = {"info": {"id": "t3_abc", "post": "My boyfriend forgot my birthday.", "title": "Help",
                        "subreddit": "relationships"},

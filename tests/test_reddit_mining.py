@@ -12,9 +12,9 @@ import re
 import pytest
 import zstandard
 
-from rlhfjax.data import reddit
-from rlhfjax.data import tldr_mining as tm
 from rlhfjax.errors import DataError
+from rlhfjax.sources import reddit
+from rlhfjax.sources import tldr_mining as tm
 
 POST = "My girlfriend and I have been together for two years and we keep fighting about chores."
 

@@ -15,14 +15,14 @@ import pytest
 from jax import ad_checkpoint
 
 from conftest import load_config
-from rlhfjax import compile as compile_task
 from rlhfjax import config_check
 from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import REMAT, ModelConfig
 from rlhfjax.models import flops
 from rlhfjax.models import transformer
-from rlhfjax.models.config import REMAT, ModelConfig
-from rlhfjax.parallel import memory
 from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.stages import compile as compile_task
+from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
 

@@ -14,16 +14,16 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rlhfjax import main
 from rlhfjax.algorithms import reward_model
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import agreement
 from rlhfjax.evaluation import rm_report
-from rlhfjax.feedback import records
+from rlhfjax import main
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import heads
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 

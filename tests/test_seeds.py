@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from conftest import load_config
-from rlhfjax import main
-from rlhfjax import seeds
 from rlhfjax.errors import ConfigError
+from rlhfjax import main
+from rlhfjax.stages import seeds
 
 
 def _row(key, method, win_rate, gold, kl, **more):

@@ -1,4 +1,4 @@
-"""TFDS builders (array_record, no TensorFlow) and `pipeline.load_splits` from a TFDS source.
+"""TFDS builders (array_record, no TensorFlow) and `loading.load_splits` from a TFDS source.
 
 Each dataset is built once per module from fixtures written here in the upstream layouts; the tests
 read the built splits back."""
@@ -11,9 +11,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rlhfjax.data import alpaca, gold, openai_tldr, pipeline, tfds_builders, world
+from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError, DataError
-from rlhfjax.feedback import records
+from rlhfjax.simulated import gold, world
+from rlhfjax.sources import alpaca, loading, openai_tldr, tfds_builders
 
 SIZES = dict(sft=6, pref=3, unlabeled=3, validation=2, test=2)
 
@@ -113,7 +115,7 @@ def built(tmp_path_factory):
     tfds_builders.prepare("openai_comparisons", None, data_dir, manual["cmp"])
     tfds_builders.prepare("alpaca", tfds_builders.AlpacaConfig(**ALPACA_CONFIG), data_dir,
                           manual["alpaca"])
-    sim = pipeline.load_splits(data_cfg(source="tfds", data_dir=data_dir))
+    sim = loading.load_splits(data_cfg(source="tfds", data_dir=data_dir))
   finally:
     logging.getLogger().removeHandler(handler)
   return data_dir, manual, handler.messages, sim
@@ -121,7 +123,7 @@ def built(tmp_path_factory):
 
 def test_sim_tldr_round_trip_equals_the_in_memory_world(built):
   data_dir, _, _, sim = built
-  memory = pipeline.load_splits(data_cfg())
+  memory = loading.load_splits(data_cfg())
   assert {k: len(v) for k, v in sim.items()} == SIZES
   assert sim == memory  # Same ids, text and latent situations, in the same order.
   assert sim["sft"][0].id == "sim-3-0" and sim["test"][-1].id == "sim-3-15"
@@ -139,7 +141,7 @@ def test_load_splits_reuses_a_built_dataset(built):
       "sim_tldr", tfds_builders.sim_tldr_config(3, SIZES, 1.0), data_dir).data_dir,
       "dataset_info.json")
   before = os.stat(info).st_mtime_ns
-  assert pipeline.load_splits(data_cfg(source="tfds", data_dir=data_dir)) == built[3]
+  assert loading.load_splits(data_cfg(source="tfds", data_dir=data_dir)) == built[3]
   assert os.stat(info).st_mtime_ns == before
 
 
@@ -165,7 +167,7 @@ def test_openai_tldr_counts_ids_and_malformed_line(built):
 
 def test_load_splits_maps_openai_tldr_splits(built):
   data_dir, manual, _, _ = built
-  splits = pipeline.load_splits(data_cfg(source="tfds", tfds_name="openai_tldr",
+  splits = loading.load_splits(data_cfg(source="tfds", tfds_name="openai_tldr",
                                          data_dir=data_dir, manual_dir=manual["tldr"]))
   want = {name: [openai_tldr.TldrExample(**{**{k: r[k] for k in ("id", "subreddit", "title",
                                                                   "post")},
@@ -240,13 +242,13 @@ def test_missing_manual_file_is_named(tmp_path):
 ])
 def test_config_errors_name_the_key(kw, key, tmp_path):
   with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-    pipeline.load_splits(data_cfg(data_dir=str(tmp_path), **kw))
+    loading.load_splits(data_cfg(data_dir=str(tmp_path), **kw))
 
 
 def test_missing_split_is_a_config_error(tmp_path):
   # TFDS stores no empty split, so a world with test=0 has no 'test' split to map.
   with pytest.raises(ConfigError, match=r"data\.tfds_name: .*no split 'test'"):
-    pipeline.load_splits(data_cfg(source="tfds", data_dir=str(tmp_path),
+    loading.load_splits(data_cfg(source="tfds", data_dir=str(tmp_path),
                                   **{**SIZES, "sft": 2, "pref": 1, "unlabeled": 1,
                                      "validation": 1, "test": 0}))
 
@@ -325,7 +327,7 @@ def test_load_splits_needs_every_mapped_split(reddit_tldr):
   want = (r"data\.tfds_name: reddit_tldr/full/1\.0\.0 has no split 'validation' for the "
           r"'validation' split \(it has: train\)")
   with pytest.raises(ConfigError, match=want):
-    pipeline.load_splits(data_cfg(source="tfds", tfds_name="reddit_tldr", tfds_config="full",
+    loading.load_splits(data_cfg(source="tfds", tfds_name="reddit_tldr", tfds_config="full",
                                   data_dir=reddit_tldr[3], manual_dir=reddit_tldr[1]))
 
 

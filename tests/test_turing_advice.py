@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from rlhfjax.data import formats
-from rlhfjax.data import reddit_advice as ra
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.evaluation import turing_advice as ta
 from rlhfjax.evaluation import winrate
+from rlhfjax.sources import reddit_advice as ra
 
 
 def words(n: int, word: str = "word") -> str:
@@ -190,7 +190,7 @@ def test_situations_round_trip_and_bad_lines(tmp_path):
 def test_from_dumps(tmp_path):
   with pytest.raises(ConfigError, match="loose"):
     ra.from_dumps("a", "b", "loose")
-  pytest.importorskip("rlhfjax.data.reddit")
+  pytest.importorskip("rlhfjax.sources.reddit")
   subs, coms = tmp_path / "RS.ndjson", tmp_path / "RC.ndjson"
   subs.write_text("".join(json.dumps(p) + "\n" for p in [post("p1"), post("p2", score=3)]))
   coms.write_text("".join(json.dumps(c) + "\n" for c in [comment("c1"), comment("c2", score=1)]))

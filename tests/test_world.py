@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.simulated import gold
+from rlhfjax.simulated import world
 
 EXAMPLES = world.generate(seed=7, start=0, count=300, reference_noise=0.0)  # Ideal references.
 

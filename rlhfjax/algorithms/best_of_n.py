@@ -20,7 +20,7 @@ import numpy as np
 
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
@@ -34,7 +34,7 @@ def analytic_kl(n: int) -> float:
   return math.log(n) - (n - 1) / n
 
 
-def candidates(exp: experiment.Experiment, params: Any, examples: Sequence[world.Example], n: int,
+def candidates(exp: experiment.Experiment, params: Any, examples: Sequence[pipeline.Tldr], n: int,
                temperature: float, rng: jax.Array, batch_size: int) -> list[list[str]]:
   """`n` independent samples per example: [len(examples)][n]."""
   repeated = [e for e in examples for _ in range(n)]
@@ -42,7 +42,7 @@ def candidates(exp: experiment.Experiment, params: Any, examples: Sequence[world
   return [texts[i * n:(i + 1) * n] for i in range(len(examples))]
 
 
-def score_candidates(reward_fn, examples: Sequence[world.Example],
+def score_candidates(reward_fn, examples: Sequence[pipeline.Tldr],
                      cands: Sequence[Sequence[str]]) -> np.ndarray:
   """Reward of every candidate: [len(examples), n]."""
   n = len(cands[0])

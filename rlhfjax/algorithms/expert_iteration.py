@@ -21,7 +21,6 @@ from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
 from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
@@ -29,7 +28,7 @@ from rlhfjax.training import metrics as metrics_lib
 TASK = "expert_iteration"
 
 
-def winners(exp: experiment.Experiment, sft_params: Any) -> list[world.Example]:
+def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
   """The unlabeled prompts with the reward model's best of n SFT samples as their target."""
   c = exp.config[TASK]
   path = os.path.join(exp.task_dir(TASK), "winners.json")

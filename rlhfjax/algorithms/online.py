@@ -27,15 +27,14 @@ import optax
 
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
-from rlhfjax.data import gold
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
 from rlhfjax.models import transformer
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.rollout import outputs
+from rlhfjax.simulated import gold
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -245,7 +244,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   config, c = exp.config, exp.config[task]
   check_sampling(task, c, k)
   examples = exp.splits["unlabeled"]
-  with_gold = world.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
+  with_gold = pipeline.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
   reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)

@@ -24,16 +24,15 @@ import optax
 
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
-from rlhfjax.data import gold
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import lora
 from rlhfjax.models import policy
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
+from rlhfjax.simulated import gold
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -89,7 +88,7 @@ def run(config, workdir: str) -> Any:
                     (shardings, None if held_ref is None else shardings.params, par.batch),
                     (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
-  with_gold = world.has_gold(examples)  # Real data has no gold reward: `quark/gold` is left out.
+  with_gold = pipeline.has_gold(examples)  # Real data has no gold reward: `quark/gold` is left out.
   plain = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)
   controlled = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len,
                                        [c.control] * len(examples))

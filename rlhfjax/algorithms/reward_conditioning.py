@@ -14,8 +14,8 @@ from typing import Any
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
-from rlhfjax.feedback import records
 from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
 

@@ -43,16 +43,15 @@ import optax
 
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import contrast
-from rlhfjax.feedback import records
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import heads
 from rlhfjax.models import lora
-from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.reward import score, score_batch  # noqa: F401  (this module's API too)
+from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -107,7 +106,7 @@ def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
   return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
 
 
-def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | world.Example],
+def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | pipeline.Tldr],
                 texts: Sequence[str]) -> np.ndarray:
   """Rewards of `texts` as summaries of `posts`, in fixed-shape batches."""
   fmt, bs = exp.config.format, exp.config.rm.eval_batch_size

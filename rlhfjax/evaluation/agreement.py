@@ -13,8 +13,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
+from rlhfjax.simulated import gold
 
 _WORD = re.compile(r"[a-z0-9']+")
 
@@ -65,7 +65,7 @@ def format_matrix(names: Sequence[str], mean: np.ndarray, se: np.ndarray) -> str
   return "\n".join(lines)
 
 
-def gold_preference(examples: Sequence[world.Example], a: Sequence[str],
+def gold_preference(examples: Sequence[pipeline.Tldr], a: Sequence[str],
                     b: Sequence[str]) -> np.ndarray:
   return prefer_higher(gold.gold_rewards(examples, a), gold.gold_rewards(examples, b))
 
@@ -73,7 +73,7 @@ def gold_preference(examples: Sequence[world.Example], a: Sequence[str],
 DECIDING = ("coverage", "wrong fact", "irrelevant detail", "conciseness", "fluency")
 
 
-def deciding_component(examples: Sequence[world.Example], a: Sequence[str],
+def deciding_component(examples: Sequence[pipeline.Tldr], a: Sequence[str],
                        b: Sequence[str]) -> np.ndarray:
   """What decides each pair under gold: the component whose difference between the two summaries
   is largest (`DECIDING`; accuracy is 'wrong fact' when the two differ in wrong facts, else
@@ -131,7 +131,7 @@ def accuracy_against(choices: np.ndarray, target: np.ndarray) -> float:
   return agreement(np.asarray(choices)[keep], target[keep]) if keep.any() else float("nan")
 
 
-def annotator_report(annotator, examples: Sequence[world.Example], a: Sequence[str],
+def annotator_report(annotator, examples: Sequence[pipeline.Tldr], a: Sequence[str],
                      b: Sequence[str], rng: np.random.Generator, draws: int = 4) -> dict[str, float]:
   """AlpacaFarm's view of an annotator on these pairs: agreement with the gold argmax (gold ties
   excluded; only where the examples have gold), variance (how often a held-out annotation disagrees
@@ -141,7 +141,7 @@ def annotator_report(annotator, examples: Sequence[world.Example], a: Sequence[s
   majority = (np.mean(labels[1:], axis=0) > 0.5).astype(np.int32)
   longer = length_preference(a, b)
   out = {}
-  if world.has_gold(examples):
+  if pipeline.has_gold(examples):
     out["gold_agreement"] = accuracy_against(labels[0], gold_preference(examples, a, b))
   return {**out, "variance": float(np.mean(labels[0] != majority)),
           "prefers_longer": accuracy_against(labels[0], longer), "pairs": float(len(a))}

@@ -10,7 +10,7 @@ length-controlled win-rates beside it (the judges favour longer answers): Alpaca
 answer as long as the baseline's, with bootstrap standard errors over prompts (`length_control`),
 the p-value of a paired test against SFT, the mean gold reward, the mean length and the KL to SFT.
 Rows are sorted by the raw win-rate. It is written as `<workdir>/eval/leaderboard.{md,csv,json}`.
-Real data has no gold reward and no simulated judge (`world.has_gold`): there the rows have no
+Real data has no gold reward and no simulated judge (`pipeline.has_gold`): there the rows have no
 `gold` and `eval.annotator` is `rm` (the reward model, which the methods optimised, so a flattering
 proxy) or `file:PATH` (judgements from a file).
 
@@ -33,15 +33,15 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from rlhfjax import files
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
+from rlhfjax.evaluation import judges
 from rlhfjax.evaluation import length_control
 from rlhfjax.evaluation import winrate
 from rlhfjax.feedback import annotators
-from rlhfjax.feedback import label
+from rlhfjax import files
 from rlhfjax.rollout import outputs
+from rlhfjax.simulated import gold
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 
@@ -93,7 +93,7 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
   by_id = {e.id: e for e in exp.splits["test"]}
   baseline = baseline_texts(exp)
   name = exp.config.eval.annotator
-  judge = label.build_annotator(exp, "eval.annotator", name, exp.splits["test"])
+  judge = judges.build(exp, "eval.annotator", name, exp.splits["test"])
   wins, rows, ids = {}, [], None
   for method in methods:
     rng = _rng(exp, method)
@@ -116,7 +116,7 @@ def table(exp: experiment.Experiment, methods: list[str]) -> list[dict[str, Any]
     wins[method] = annotators.wins_against(judge, examples, texts, base_texts, rng)
     row = {"method": _label(method, stored), **winrate.summarize(wins[method], rng),
            **length_controlled(wins[method], texts, base_texts, rng)}
-    if world.has_gold(examples):
+    if pipeline.has_gold(examples):
       row["gold"] = float(gold.gold_rewards(examples, texts).mean())
     rows.append({**row, "length_words": float(np.mean([len(t.split()) for t in texts])),
                  "kl": float(stored["kl"]), "key": method})

@@ -13,11 +13,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.evaluation import agreement
+from rlhfjax.simulated import gold
+from rlhfjax.simulated import world
 
-ProbeFn = Callable[[world.Example, world.Example, np.random.Generator], tuple[str, str]]
+ProbeFn = Callable[[pipeline.Tldr, pipeline.Tldr, np.random.Generator], tuple[str, str]]
 
 
 def _shuffled(text: str, rng: np.random.Generator) -> str:
@@ -48,7 +49,7 @@ PROBES: dict[str, ProbeFn] = {
 }
 
 
-def probe_pairs(examples: Sequence[world.Example],
+def probe_pairs(examples: Sequence[pipeline.Tldr],
                 rng: np.random.Generator) -> dict[str, tuple[list[str], list[str]]]:
   """For each probe, the first and second texts for every example (the second post of the random
   title is the next example, cyclically)."""
@@ -59,8 +60,8 @@ def probe_pairs(examples: Sequence[world.Example],
   return out
 
 
-def probe_table(score: Callable[[Sequence[world.Example], Sequence[str]], np.ndarray],
-                examples: Sequence[world.Example], rng: np.random.Generator) -> list[dict]:
+def probe_table(score: Callable[[Sequence[pipeline.Tldr], Sequence[str]], np.ndarray],
+                examples: Sequence[pipeline.Tldr], rng: np.random.Generator) -> list[dict]:
   """One row per probe: % of posts where the reward model (`score`) and gold prefer the first."""
   rows = []
   for name, (first, second) in probe_pairs(examples, rng).items():

@@ -18,12 +18,11 @@ import numpy as np
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
+from rlhfjax.data import records
 from rlhfjax.evaluation import agreement
 from rlhfjax.evaluation import rm_probes
 from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
-from rlhfjax.feedback import records
 from rlhfjax.models import policy
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import experiment
@@ -31,12 +30,12 @@ from rlhfjax.training import metrics as metrics_lib
 
 
 def _examples_of(exp: experiment.Experiment,
-                 comps: Sequence[records.Comparison]) -> list[world.Example] | None:
+                 comps: Sequence[records.Comparison]) -> list[pipeline.Tldr] | None:
   """The simulated examples behind the comparisons, or None when any is not from this world (or
   the data has no latent situations: real posts share ids with their comparisons)."""
   by_id = {e.id: e for split in exp.splits.values() for e in split}
   found = [by_id.get(c.id) for c in comps]
-  return None if any(e is None for e in found) or not world.has_gold(found) else found
+  return None if any(e is None for e in found) or not pipeline.has_gold(found) else found
 
 
 def _judge(params: dict, exp: experiment.Experiment,
@@ -123,7 +122,7 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
 
 
 def heuristic_preferences(exp: experiment.Experiment, sft_params: Any,
-                          examples: Sequence[world.Example], a: Sequence[str],
+                          examples: Sequence[pipeline.Tldr], a: Sequence[str],
                           b: Sequence[str]) -> dict[str, np.ndarray]:
   """Preferences of the heuristics in Stiennon et al.'s Table 20: the longer summary, the one that
   copies more of the post, the higher ROUGE-L against the reference, the higher SFT log-probability;
@@ -142,7 +141,7 @@ _logp_fn = jax.jit(policy.response_logprobs, static_argnames="cfg")
 
 
 def sft_log_probs(params: Any, exp: experiment.Experiment,
-                  posts: Sequence[pipeline.Post | world.Example],
+                  posts: Sequence[pipeline.Post | pipeline.Tldr],
                   texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
   """Total and mean per-token log-probability of each of `texts` under the SFT policy; `texts`
   holds one or more responses per post, in blocks of `len(posts)`."""

@@ -1,7 +1,7 @@
 """Scoring summaries: gold reward (simulated world), ROUGE-L against the reference, length.
 
 `summary_table` compares any number of summarisers on the same examples — the SFT report's
-"reference > SFT samples > extractive baselines" table. On real data (`world.has_gold` false) the
+"reference > SFT samples > extractive baselines" table. On real data (`pipeline.has_gold` false) the
 table has no gold columns and ranks by ROUGE-L; instructions (Alpaca) get no extractive baselines.
 """
 
@@ -13,9 +13,9 @@ from typing import Mapping, Sequence
 import numpy as np
 from rouge_score import rouge_scorer
 
-from rlhfjax.data import gold
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
+from rlhfjax.simulated import gold
+from rlhfjax.simulated import world
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,7 +46,7 @@ def summary_table(examples: Sequence[pipeline.Example],
   """One row per summariser: gold mean and standard error (where the examples have gold), ROUGE-L,
   mean words; best gold (else best ROUGE-L) first."""
   refs = [e.reference for e in examples]
-  with_gold = world.has_gold(examples)
+  with_gold = pipeline.has_gold(examples)
   rows = []
   for name, texts in summaries.items():
     row: dict[str, float | str] = {"name": name}

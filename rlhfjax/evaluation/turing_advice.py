@@ -36,8 +36,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from rlhfjax.data.reddit_advice import Situation
 from rlhfjax.evaluation import winrate
+from rlhfjax.sources.reddit_advice import Situation
 
 HELPFULNESS = ("slightly_helpful", "not_helpful", "dangerous")
 FOLLOW_UPS = {"slightly_helpful": ("writing", "meaning"),

@@ -26,10 +26,11 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
-from rlhfjax.feedback import records
+from rlhfjax.simulated import gold
+from rlhfjax.simulated import world
 
 COMPONENTS = ("coverage", "accuracy", "conciseness", "fluency")
 
@@ -37,7 +38,7 @@ COMPONENTS = ("coverage", "accuracy", "conciseness", "fluency")
 class Annotator(Protocol):
   name: str
 
-  def annotate(self, examples: Sequence[world.Example], a: Sequence[str], b: Sequence[str],
+  def annotate(self, examples: Sequence[pipeline.Tldr], a: Sequence[str], b: Sequence[str],
                rng: np.random.Generator) -> np.ndarray:
     """0 where `a` is preferred, 1 where `b` is (int32, one per example)."""
 
@@ -47,7 +48,7 @@ def _check(examples, a, b) -> None:
     raise ValueError(f"{len(examples)} examples, {len(a)} and {len(b)} responses")
 
 
-def gold_table(examples: Sequence[world.Example], texts: Sequence[str]) -> np.ndarray:
+def gold_table(examples: Sequence[pipeline.Tldr], texts: Sequence[str]) -> np.ndarray:
   """[N, 5]: the gold components (in COMPONENTS order) and the word count of each summary."""
   rows = []
   for e, t in zip(examples, texts):
@@ -144,7 +145,7 @@ class RewardModelAnnotator:
   """Prefers the response a reward model scores higher (`score(examples, texts) -> [N]`)."""
 
   name: str
-  score: Callable[[Sequence[world.Example], Sequence[str]], np.ndarray]
+  score: Callable[[Sequence[pipeline.Tldr], Sequence[str]], np.ndarray]
 
   def annotate(self, examples, a, b, rng: np.random.Generator) -> np.ndarray:
     _check(examples, a, b)
@@ -206,7 +207,7 @@ def build(name: str, cfg: Mapping, reward_model: Callable[[], Annotator] | None 
   raise ConfigError(f"unknown annotator {name!r} (available: {', '.join(POOL_NAMES)}, rm, file:PATH)")
 
 
-def wins_against(annotator: Annotator, examples: Sequence[world.Example], outputs: Sequence[str],
+def wins_against(annotator: Annotator, examples: Sequence[pipeline.Tldr], outputs: Sequence[str],
                  references: Sequence[str], rng: np.random.Generator) -> np.ndarray:
   """1.0 where `annotator` prefers the output over the reference, else 0.0 (AlpacaFarm's win)."""
   return (np.asarray(annotator.annotate(examples, outputs, references, rng)) == 0).astype(np.float64)

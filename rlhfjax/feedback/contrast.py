@@ -26,13 +26,13 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from rlhfjax.data import pipeline
-from rlhfjax.feedback import records
+from rlhfjax.data import records
 
 _PUNCT = re.compile(r"^(.*?)([.,!?;:]*)$")
 
 
 class Referenced(Protocol):
-  """A post with a reference summary (a `world.Example`, or a real TL;DR example)."""
+  """A post with a reference summary (a `pipeline.Tldr`, or a real TL;DR example)."""
   id: str
   subreddit: str
   title: str

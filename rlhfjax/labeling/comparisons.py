@@ -17,7 +17,7 @@ import json
 import os
 from typing import Any, Mapping, Sequence
 
-from rlhfjax.feedback import records
+from rlhfjax.data import records
 from rlhfjax.labeling import report
 from rlhfjax.training import experiment
 

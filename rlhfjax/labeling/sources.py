@@ -26,8 +26,9 @@ import os
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError, DataError
-from rlhfjax.feedback import records
+from rlhfjax.sources import loading
 
 
 def _uid(prompt_key: str, a: str, b: str) -> str:
@@ -140,7 +141,7 @@ def load(config, workdir: str) -> list[dict]:
 
   def prompts() -> Mapping[str, Mapping[str, str]]:
     if "prompts" not in cache:
-      splits = pipeline.load_splits(config.data)
+      splits = loading.load_splits(config.data)
       cache["prompts"] = {e.id: pipeline.comparison_prompt(e)
                           for split in splits.values() for e in split}
     return cache["prompts"]

@@ -48,7 +48,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jax.sharding import PartitionSpec as P
 
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rules
+from rlhfjax.models import sharding_rules
 
 _NEG_INF = -1e30  # Finite, so a fully masked (padding) query row stays NaN-free.
 _SPLASH_BLOCKS = (512, 256, 128)  # Tile sizes tried, largest first (multiples of 128 lanes).
@@ -238,7 +238,7 @@ def _head_specs(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], mesh: Any,
   def spec(heads: str, shape: tuple[int, ...]) -> P:
     axes: list[str | None] = ["batch", None, None, None]
     axes[head_axis] = heads
-    return rules.spec(tuple(axes), shape, mesh)
+    return sharding_rules.spec(tuple(axes), shape, mesh)
 
   q_spec, kv_spec = spec("heads", q_shape), spec("kv_heads", kv_shape)
   if q_spec[head_axis] != kv_spec[head_axis]:

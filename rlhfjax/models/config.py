@@ -48,7 +48,7 @@ class ModelConfig:
   dtype: str = "float32"  # Activations.
   param_dtype: str = "float32"  # float32 master weights (and AdamW moments) under bf16 `dtype`.
   # Run the layers as one `lax.scan` (compile time independent of depth) or unrolled (XLA's cost
-  # analysis then counts every layer; rlhfjax/compile.py uses it to count a step's work).
+  # analysis then counts every layer; rlhfjax/stages/compile.py uses it to count a step's work).
   scan_layers: bool = True
   # One of REMAT; True and False (as older configs say) mean "full" and "none".
   remat: str = "none"

@@ -19,9 +19,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhfjax.data import pretrained_tokenizer
 from rlhfjax.errors import ConfigError
-from rlhfjax.models import import_gguf
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.models import hf_checkpoint
+from rlhfjax.models import import_gguf
 
 # The model config keys a pretrained run may set: precision, rematerialisation, dropout, how
 # layers and attention are computed.
@@ -58,7 +60,6 @@ def model_config(path: str, model_block: Mapping[str, Any]) -> ModelConfig:
   if _is_gguf(path):
     cfg = import_gguf.file_config(path)
   else:
-    from rlhfjax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
     cfg = hf_checkpoint.model_config(path)
   # Other keys may restate the architecture (a config written for that model), never change it.
   differ = sorted(k for k in model_block if k not in OVERRIDES + ("init_from",)
@@ -77,7 +78,6 @@ def params(path: str, cfg: ModelConfig) -> dict:
   if _is_gguf(path):
     tree, file_cfg, _ = import_gguf.load(path)
   else:
-    from rlhfjax.models import hf_checkpoint  # pylint: disable=g-import-not-at-top
     tree, file_cfg = hf_checkpoint.load(path)
   arch = lambda c: c.replace(**{k: getattr(ModelConfig(), k) for k in OVERRIDES})
   if arch(file_cfg) != arch(cfg):
@@ -88,7 +88,6 @@ def params(path: str, cfg: ModelConfig) -> dict:
 
 def tokenizer(path: str, chat: bool):
   """The tokenizer stored with the model; `chat` frames prompts as a user turn of its template."""
-  from rlhfjax.data import pretrained_tokenizer  # pylint: disable=g-import-not-at-top
   if _is_gguf(path):
     return pretrained_tokenizer.PretrainedTokenizer(import_gguf.metadata(path), chat=chat)
   return pretrained_tokenizer.from_directory(path, chat=chat)

@@ -31,9 +31,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rules
+from rlhfjax.models import sharding_rules
+from rlhfjax.models import transformer
 
 _NEG_INF = -1e30
 
@@ -180,6 +180,6 @@ def _constrain_cache(cache: transformer.Cache) -> transformer.Cache:
   """The KV cache split by rows and kv heads under the mesh the sampler runs in (a no-op
   outside one), so it lives in the rollout layout."""
   kv = transformer.CACHE_AXES
-  return {"k": [rules.constrain(c, kv) for c in cache["k"]],
-          "v": [rules.constrain(c, kv) for c in cache["v"]],
-          "mask": rules.constrain(cache["mask"], ("batch", "length"))}
+  return {"k": [sharding_rules.constrain(c, kv) for c in cache["k"]],
+          "v": [sharding_rules.constrain(c, kv) for c in cache["v"]],
+          "mask": sharding_rules.constrain(cache["mask"], ("batch", "length"))}

@@ -29,14 +29,14 @@ import jax.numpy as jnp
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import attention
-from rlhfjax.models import lora
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rules
+from rlhfjax.models import lora
+from rlhfjax.models import sharding_rules
 
 Params = dict[str, Any]
 Cache = dict[str, Any]  # {'k': [per-layer arrays], 'v': [...], 'mask': array}; see init_cache.
 
-# The residual stream [B, T, D] is split by batch only (see rules.constrain).
+# The residual stream [B, T, D] is split by batch only (see sharding_rules.constrain).
 ACTIVATION_AXES = ("batch", "length", None)
 CACHE_AXES = ("batch", "kv_heads", "length", "head_dim")  # One layer's keys or values in the cache.
 
@@ -330,7 +330,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
           else jax.random.split(dropout_rng, cfg.n_layers + 1))
   if rngs is not None:
     x = _dropout(x, cfg.dropout, rngs[-1])
-  x = rules.constrain(x, ACTIVATION_AXES)
+  x = sharding_rules.constrain(x, ACTIVATION_AXES)
 
   # LoRA adapters (models/lora.py), if the tree carries them: per-layer trees beside the layers'.
   adapters = params.get(lora.KEY)
@@ -350,7 +350,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
       # Pinned to the cache's own split: else, where `tensor` exceeds the kv heads, XLA keeps the
       # updated cache split as the k/v projections are (part of a head per device) and gathers it
       # whole for attention, every layer and token.
-      kv = tuple(rules.constrain(jax.lax.dynamic_update_slice(
+      kv = tuple(sharding_rules.constrain(jax.lax.dynamic_update_slice(
           c, new.transpose(0, 2, 1, 3).astype(c.dtype), start), CACHE_AXES)
                  for c, new in zip(kv, (k, v)))
       h = _attend(p["attn"], q, *(c[:, :, :allowed.shape[-1]] for c in kv), allowed, cfg, r[0],
@@ -358,7 +358,7 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     x = x + _dropout(h, cfg.dropout, r[1])
     x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
                      r[2])
-    return rules.constrain(x, ACTIVATION_AXES), kv
+    return sharding_rules.constrain(x, ACTIVATION_AXES), kv
 
   block = checkpointed(block, cfg)
   layer_rngs = None if rngs is None else rngs[:-1]

@@ -38,7 +38,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rules
+from rlhfjax.models import sharding_rules
 from rlhfjax.parallel.mesh import AXES
 from rlhfjax.parallel.mesh import mesh_shape
 
@@ -179,7 +179,7 @@ def _keeps_dtype(path: tuple) -> bool:
 
 def shardings(axes: Any, params: Any, rollout_mesh: Mesh) -> Any:
   """NamedShardings of a parameter tree with logical `axes` on the rollout mesh."""
-  return jax.tree.map(lambda ax, x: NamedSharding(rollout_mesh, rules.spec(ax, x.shape,
+  return jax.tree.map(lambda ax, x: NamedSharding(rollout_mesh, sharding_rules.spec(ax, x.shape,
                                                                            rollout_mesh)),
                       axes, params, is_leaf=_is_axes)
 

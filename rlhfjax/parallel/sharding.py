@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from rlhfjax.errors import ConfigError
-from rlhfjax.parallel import rules
+from rlhfjax.models import sharding_rules
 from rlhfjax.parallel.mesh import make_mesh
 
 
@@ -43,12 +43,12 @@ class Parallel:
   @property
   def data_parallel(self) -> int:
     """How many ways a batch is split (the product of the mesh axes of `batch`)."""
-    return math.prod(self.mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
+    return math.prod(self.mesh.shape[a] for a in sharding_rules.LOGICAL_RULES["batch"])
 
   @property
   def batch(self) -> NamedSharding:
     """Leading (batch) axis split over the data axes; applies to any rank >= 1."""
-    return NamedSharding(self.mesh, PartitionSpec(rules.LOGICAL_RULES["batch"]))
+    return NamedSharding(self.mesh, PartitionSpec(sharding_rules.LOGICAL_RULES["batch"]))
 
   def check_batch(self, key: str, size: int) -> None:
     """Training batches must split evenly over the data axes."""
@@ -58,8 +58,8 @@ class Parallel:
 
   def shardings(self, axes: Any, shapes: Any) -> Any:
     """NamedShardings for a tree of arrays (or ShapeDtypeStructs) with logical `axes`."""
-    return jax.tree.map(lambda ax, x: NamedSharding(self.mesh, rules.spec(ax, x.shape, self.mesh)),
-                        axes, shapes, is_leaf=_is_axes)
+    spec = lambda ax, x: NamedSharding(self.mesh, sharding_rules.spec(ax, x.shape, self.mesh))
+    return jax.tree.map(spec, axes, shapes, is_leaf=_is_axes)
 
   def state_shardings(self, state: Any, params: Any, tx: optax.GradientTransformation) -> Any:
     """Shardings of a train state (a flax struct with `params` and `opt_state`): parameters as
@@ -128,7 +128,7 @@ class Parallel:
     def call(*args):
       if len(args) != len(in_shardings):
         raise TypeError(f"expected {len(in_shardings)} arguments, got {len(args)}")
-      with jax.set_mesh(self.mesh):  # Activation constraints (rules.constrain) see the mesh.
+      with jax.set_mesh(self.mesh):  # Activation constraints (sharding_rules.constrain) see it.
         return jitted(*(self.put(a, s) if not _is_key(a) else a
                         for a, s in zip(args, in_shardings)))
 

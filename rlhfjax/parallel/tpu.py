@@ -3,8 +3,8 @@ libtpu, and the environment libtpu needs on a host that has none.
 
 With libtpu installed (`pip install -e '.[tpu]'`), `devices("v5e:4x4")` returns the 16 chips of
 that slice; a Mesh over them lowers and compiles real steps for that hardware on a CPU host
-(rlhfjax/compile.py). One device is one chip: v4 and v5p are asked for in megacore mode (their two
-TensorCores as one device), as a TPU VM runs them.
+(rlhfjax/stages/compile.py). One device is one chip: v4 and v5p are asked for in megacore mode
+(their two TensorCores as one device), as a TPU VM runs them.
 """
 
 from __future__ import annotations

@@ -34,18 +34,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models import reward
 from rlhfjax.models import sampling
-from rlhfjax.models import generate
-from rlhfjax.models import lora
+from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rollout
-from rlhfjax.parallel import rules
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel.sharding import to_host
+from rlhfjax.rollout import generate
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
 
@@ -110,7 +109,7 @@ def rollout_params(exp: experiment.Experiment, params: Any, rows: int) -> Any:
 
 def _rows(par: Parallel, x: Any) -> Any:
   """Token rows split over the rollout's replicas (replicated where they do not divide)."""
-  spec = rules.spec(("batch",) + (None,) * (np.ndim(x) - 1), np.shape(x), par.mesh)
+  spec = sharding_rules.spec(("batch",) + (None,) * (np.ndim(x) - 1), np.shape(x), par.mesh)
   return par.put(x, jax.sharding.NamedSharding(par.mesh, spec))
 
 
@@ -170,7 +169,7 @@ def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, cfg: ModelConfig,
 _kl_fn = jax.jit(_kl, static_argnames=("cfg", "temperature"))
 
 
-def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[world.Example],
+def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[pipeline.Tldr],
                  rng: jax.Array, temperature: float, batch_size: int, ref_params: Any = None,
                  top_k: int = 0, top_p: float = 1.0,
                  control: str = "") -> tuple[list[str], np.ndarray | None]:

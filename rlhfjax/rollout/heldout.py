@@ -1,7 +1,7 @@
 """Held-out rollouts: the numbers of one point on an over-optimisation curve (RM score, gold reward,
 win-rate against the references, KL to the reference, length), which online trainers log as they
 go and best-of-N reports per N. Gold reward and win-rate (judged by the simulated evaluation pool)
-exist on the simulated world only (`world.has_gold`); on real data a point has no such keys.
+exist on the simulated world only (`pipeline.has_gold`); on real data a point has no such keys.
 """
 
 from __future__ import annotations
@@ -11,19 +11,19 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.data import gold
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.feedback import annotators
 from rlhfjax.rollout import engine
+from rlhfjax.simulated import gold
 from rlhfjax.training import experiment
 
 
-def judge(exp: experiment.Experiment, examples: Sequence[world.Example], texts: Sequence[str],
+def judge(exp: experiment.Experiment, examples: Sequence[pipeline.Tldr], texts: Sequence[str],
           rng: np.random.Generator, reward_fn=None) -> dict[str, float]:
   """Gold reward and win-rate against the references (evaluation pool) where the examples have
   gold, length, and the mean RM score (with `reward_fn(examples, texts)`)."""
   out = {}
-  if world.has_gold(examples):
+  if pipeline.has_gold(examples):
     pool = annotators.pools(exp.config.annotators)["eval_pool"]
     wins = annotators.wins_against(pool, examples, texts, [e.reference for e in examples], rng)
     out.update(gold=float(gold.gold_rewards(examples, texts).mean()),
@@ -44,7 +44,7 @@ def describe(point: Mapping[str, float]) -> str:
 
 
 def curve_point(exp: experiment.Experiment, params: Any, ref_params: Any,
-                examples: Sequence[world.Example], rng: jax.Array, temperature: float,
+                examples: Sequence[pipeline.Tldr], rng: jax.Array, temperature: float,
                 batch_size: int, reward_fn=None) -> dict[str, float]:
   """One point of the over-optimisation picture: KL to the reference and `judge`'s numbers."""
   texts, kl = engine.sample_texts(exp, params, examples, rng, temperature, batch_size, ref_params)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
 
@@ -22,7 +22,7 @@ def path(workdir: str, method: str) -> str:
   return os.path.join(workdir, method, "outputs.json")
 
 
-def save(exp: experiment.Experiment, method: str, examples: Sequence[world.Example],
+def save(exp: experiment.Experiment, method: str, examples: Sequence[pipeline.Tldr],
          texts: Sequence[str], kl: float, **extra: Any) -> None:
   """Writes the outputs file atomically."""
   exp.task_dir(method)
@@ -40,7 +40,7 @@ def load(workdir: str, method: str) -> dict[str, Any]:
     return json.load(f)
 
 
-def test_examples(exp: experiment.Experiment) -> list[world.Example]:
+def test_examples(exp: experiment.Experiment) -> list[pipeline.Tldr]:
   return exp.splits["test"][:exp.config.eval.num_examples]
 
 

@@ -14,24 +14,24 @@ from typing import Any
 import jax
 import ml_collections
 
-from rlhfjax import files
 from rlhfjax.data import pipeline
 from rlhfjax.data import tokenizer as tokenizer_lib
-from rlhfjax.data import world
 from rlhfjax.errors import ConfigError
+from rlhfjax import files
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.models.config import REMAT
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
-from rlhfjax.models.config import REMAT
-from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.sources import loading
 
 
 @dataclasses.dataclass
 class Experiment:
   config: ml_collections.ConfigDict
   workdir: str
-  splits: dict[str, list[world.Example]]
+  splits: dict[str, list[pipeline.Tldr]]
   tokenizer: tokenizer_lib.Tokenizer
   model: ModelConfig
   parallel: Parallel  # The Mesh every array of this run lives on (config.mesh).
@@ -77,7 +77,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   With `model.init_from` the architecture and the tokenizer come from that pretrained checkpoint.
   """
   os.makedirs(workdir, exist_ok=True)
-  splits = pipeline.load_splits(config.data)
+  splits = loading.load_splits(config.data)
   tcfg, mcfg = config.tokenizer, config.model.to_dict()
   init_from = pretrained.resolve(mcfg["init_from"]) if mcfg.get("init_from") else ""
   if init_from:

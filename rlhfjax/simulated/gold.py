@@ -23,8 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
+from rlhfjax.simulated import world
 
 WEIGHTS = {"relation": 1.0, "poster": 0.5, "other": 0.5, "duration": 0.5, "event": 1.0,
            "feeling": 0.5, "question": 0.75}
@@ -121,7 +122,7 @@ def gold_reward(situation: world.Situation, summary: str) -> float:
   return gold_components(situation, summary)["total"]
 
 
-def gold_rewards(examples: Sequence[world.Example], summaries: Sequence[str]) -> np.ndarray:
+def gold_rewards(examples: Sequence[pipeline.Tldr], summaries: Sequence[str]) -> np.ndarray:
   if len(examples) != len(summaries):
     raise ValueError(f"{len(examples)} examples but {len(summaries)} summaries")
   return np.array([gold_reward(e.situation, t) for e, t in zip(examples, summaries)], np.float32)

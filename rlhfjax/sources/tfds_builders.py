@@ -48,14 +48,15 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
-from rlhfjax.data import alpaca
-from rlhfjax.data import openai_tldr
-from rlhfjax.data import reddit
-from rlhfjax.data import reddit_advice
-from rlhfjax.data import tldr_mining
-from rlhfjax.data import world
+from rlhfjax.data import pipeline
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError, DataError
-from rlhfjax.feedback import records
+from rlhfjax.simulated import world
+from rlhfjax.sources import alpaca
+from rlhfjax.sources import openai_tldr
+from rlhfjax.sources import reddit
+from rlhfjax.sources import reddit_advice
+from rlhfjax.sources import tldr_mining
 
 FILE_FORMAT = "array_record"
 MAX_LISTED_PROBLEMS = 20  # Malformed lines logged one by one per file; the rest are counted.
@@ -134,11 +135,11 @@ def decode(row: Mapping[str, Any]) -> dict[str, Any]:
           v.item() if isinstance(v, np.generic) else v for k, v in row.items()}
 
 
-def to_example(row: Mapping[str, Any]) -> world.Example:
-  """A post row as a `world.Example`; `situation` is None outside the simulated world."""
+def to_example(row: Mapping[str, Any]) -> pipeline.Tldr:
+  """A post row as a `pipeline.Tldr`; `situation` is None outside the simulated world."""
   r = decode(row)
   situation = situation_from_json(r["situation"]) if r.get("situation") else None
-  return world.Example(*(r[k] for k in POST_FIELDS), situation=situation)
+  return pipeline.Tldr(*(r[k] for k in POST_FIELDS), situation=situation)
 
 
 def to_comparison(row: Mapping[str, Any]) -> records.Comparison:
@@ -212,7 +213,7 @@ class SimTldr(tfds.core.GeneratorBasedBuilder):
     splits = world.make_splits(c.seed, c.sizes(), c.reference_noise)
     return {name: self._generate_examples(rows) for name, rows in splits.items() if rows}
 
-  def _generate_examples(self, examples: Sequence[world.Example]):
+  def _generate_examples(self, examples: Sequence[pipeline.Tldr]):
     return _numbered({**post_row(e), "situation": situation_to_json(e.situation)} for e in examples)
 
 
@@ -740,6 +741,6 @@ def read(b: tfds.core.DatasetBuilder, split: str) -> list[dict[str, Any]]:
   return [decode(row) for row in source.__getitems__(range(len(source)))]
 
 
-def read_examples(b: tfds.core.DatasetBuilder, split: str) -> list[world.Example]:
-  """A split of a post dataset (`sim_tldr`, `openai_tldr`, `reddit_tldr`) as `world.Example`s."""
+def read_examples(b: tfds.core.DatasetBuilder, split: str) -> list[pipeline.Tldr]:
+  """A split of a post dataset (`sim_tldr`, `openai_tldr`, `reddit_tldr`) as `pipeline.Tldr`s."""
   return [to_example(row) for row in read(b, split)]

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 
 from rlhfjax.data import pipeline
-from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.models import sampling
 from rlhfjax.parallel.sharding import to_host
 
 

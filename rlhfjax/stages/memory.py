@@ -26,17 +26,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import sft
 from rlhfjax.models import attention
-from rlhfjax.models import transformer
-from rlhfjax.models.config import REMAT
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rules
+from rlhfjax.models.config import REMAT
+from rlhfjax.models import lora
+from rlhfjax.models import sharding_rules
+from rlhfjax.models import transformer
+from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.training import experiment
+from rlhfjax.training import metrics
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
 
 def _shard_fraction(axes: tuple, shape: tuple, mesh: Mesh) -> float:
-  spec = rules.spec(axes, shape, mesh)
+  spec = sharding_rules.spec(axes, shape, mesh)
   ways = 1
   for entry in spec:
     for a in (entry if isinstance(entry, tuple) else (entry,)):
@@ -76,12 +83,12 @@ def plan(cfg: ModelConfig, mesh: Mesh, batch: int, seq_len: int, sample_batch: i
   3.1-8B and 3.1-70B on v5p slices (docs/tpu.md).
   """
   p = param_bytes(cfg, mesh)
-  dp = math.prod(mesh.shape[a] for a in rules.LOGICAL_RULES["batch"])
+  dp = math.prod(mesh.shape[a] for a in sharding_rules.LOGICAL_RULES["batch"])
   tp, fsdp = mesh.shape["tensor"], mesh.shape["fsdp"]
   b_local = max(batch // dp, 1)
   act = jnp.dtype(cfg.dtype).itemsize
   d, f, h, kv, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head
-  local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (rules.py).
+  local = lambda n: n // tp if n % tp == 0 else n  # What the tensor axis splits (sharding_rules).
   tokens = b_local * seq_len
   # Attention's float32 scores and probabilities (and their gradient) for the queries computed at
   # once: all of them (reference, xla), a block (chunked), none outside the kernel's on-chip blocks
@@ -187,7 +194,6 @@ def format_plan(rows: dict[str, dict]) -> str:
 
 def sft_step_lowered(cfg: ModelConfig, par: Any, c: Any, seq_len: int) -> Any:
   """The SFT train step lowered on `par`'s mesh for abstract inputs (nothing is allocated)."""
-  from rlhfjax.algorithms import sft  # pylint: disable=g-import-not-at-top
   tx = optimizer.adamw(c, c.steps)
   state, shardings = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
                                      transformer.param_axes(cfg), tx, jax.random.key(0),
@@ -214,10 +220,6 @@ def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
   value model (0: full fine-tuning): trained parameters, AdamW state, the reference policy (none of
   its own under LoRA: the policy's base), the reward model; and XLA's bytes for the PPO step
   (arguments: all of those plus the batch; temporaries: gradients, activations)."""
-  from rlhfjax.algorithms import ppo  # pylint: disable=g-import-not-at-top
-  from rlhfjax.algorithms import reward_model  # pylint: disable=g-import-not-at-top
-  from rlhfjax.models import lora  # pylint: disable=g-import-not-at-top
-  from rlhfjax.training import experiment  # pylint: disable=g-import-not-at-top
   lcfg = dataclasses.replace(lora.from_config(config.get("lora")), rank=rank,
                              models=("policy", "value"))
   exp = experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg)
@@ -270,9 +272,6 @@ def run(config: Any, workdir: str) -> dict:
   """task=memory: the plan for this config's model and mesh (SFT step, RM step, PPO rollout) beside
   what XLA allocates for the SFT step, each trained model's activations under every remat policy;
   writes `<workdir>/memory.json`."""
-  from rlhfjax.parallel.sharding import Parallel  # pylint: disable=g-import-not-at-top
-  from rlhfjax.training import experiment  # pylint: disable=g-import-not-at-top
-  from rlhfjax.training import metrics  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig.from_mapping(config.model.to_dict())
   par = Parallel.from_config(config.mesh)
   seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len

@@ -20,6 +20,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from rlhfjax.data import pipeline
+
 # relation -> (category, gender of the other party or "" if either, subreddits)
 RELATIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "girlfriend": ("romantic", "F", ("relationships", "relationship_advice")),
@@ -215,16 +217,6 @@ class Situation:
     return RELATIONS[self.relation][0]
 
 
-@dataclasses.dataclass(frozen=True)
-class Example:
-  id: str
-  subreddit: str
-  title: str
-  post: str
-  reference: str
-  situation: Situation | None  # None for real (non-simulated) posts: no gold reward.
-
-
 def _fill(text: str, gender: str, **kw: str) -> str:
   return text.format(**_PRONOUNS[gender], **kw)
 
@@ -319,7 +311,7 @@ _DISTRACTOR_REF = {"job": "I am a {x}.", "pet": "I have a pet named {x}.", "city
                    "hobby": "I like {x}."}
 
 
-def ideal_reference(example: Example) -> str:
+def ideal_reference(example: pipeline.Tldr) -> str:
   """The reference a careful writer would give: every key fact, nothing else (gold 1.0)."""
   return _reference(example.situation, np.random.default_rng(0), 0.0)
 
@@ -352,7 +344,8 @@ def render(s: Situation, rng: np.random.Generator,
   return subreddit, title, post, _reference(s, rng, reference_noise)
 
 
-def generate(seed: int, start: int, count: int, reference_noise: float = 1.0) -> list[Example]:
+def generate(seed: int, start: int, count: int,
+             reference_noise: float = 1.0) -> list[pipeline.Tldr]:
   """Examples `start .. start + count - 1` of the world with this seed; `reference_noise` scales
   how often the human references miss or add details (0: ideal references)."""
   out = []
@@ -360,12 +353,12 @@ def generate(seed: int, start: int, count: int, reference_noise: float = 1.0) ->
     rng = np.random.default_rng([seed, i])
     s = sample_situation(rng)
     subreddit, title, post, reference = render(s, rng, reference_noise)
-    out.append(Example(f"sim-{seed}-{i}", subreddit, title, post, reference, s))
+    out.append(pipeline.Tldr(f"sim-{seed}-{i}", subreddit, title, post, reference, s))
   return out
 
 
 def make_splits(seed: int, sizes: Mapping[str, int],
-                reference_noise: float = 1.0) -> dict[str, list[Example]]:
+                reference_noise: float = 1.0) -> dict[str, list[pipeline.Tldr]]:
   """Consecutive, disjoint index ranges in the order of `sizes`."""
   out, start = {}, 0
   for name, n in sizes.items():
@@ -379,7 +372,7 @@ def sentences(text: str) -> list[str]:
   return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
 
 
-def extractive_baselines(example: Example) -> dict[str, str]:
+def extractive_baselines(example: pipeline.Tldr) -> dict[str, str]:
   sents = sentences(example.post)
   return {"title": example.title, "lead1": sents[0], "lead2": " ".join(sents[:2])}
 
@@ -388,14 +381,14 @@ def _replace_word(text: str, old: str, new: str) -> str:
   return re.sub(rf"\b{re.escape(old)}\b", new, text, count=1)
 
 
-def reverse_roles(example: Example) -> str:
+def reverse_roles(example: pipeline.Tldr) -> str:
   """The reference with the two parties' age/gender tags swapped."""
   s = example.situation
   a, b = _age(s.poster_age, s.poster_gender), _age(s.other_age, s.other_gender)
   return example.reference.replace(a, "\0").replace(b, a).replace("\0", b)
 
 
-def shuffle_facts(example: Example, rng: np.random.Generator) -> str:
+def shuffle_facts(example: pipeline.Tldr, rng: np.random.Generator) -> str:
   """The reference with facts mixed up: the two parties' ages swapped and an event replaced."""
   s = example.situation
   ref = reverse_roles(example)
@@ -408,13 +401,13 @@ def shuffle_facts(example: Example, rng: np.random.Generator) -> str:
   return ref
 
 
-def wrong_relation(example: Example, rng: np.random.Generator) -> str:
+def wrong_relation(example: pipeline.Tldr, rng: np.random.Generator) -> str:
   s = example.situation
   others = [r for r in RELATIONS if r != s.relation]
   return _replace_word(example.reference, s.relation, others[rng.integers(len(others))])
 
 
-def repeat_text(example: Example) -> str:
+def repeat_text(example: pipeline.Tldr) -> str:
   first = sentences(example.reference)[0]
   return f"{example.reference} {first} {first}"
 
@@ -446,11 +439,3 @@ def vocabulary() -> frozenset[str]:
   words.update(str(n) for n in range(1, 80))
   words.update(f"{n}{g}" for n in range(16, 80) for g in "mf")
   return frozenset(words)
-
-
-def has_gold(examples: Sequence[object]) -> bool:
-  """Whether every example has a latent situation, so that the gold reward and the simulated
-  annotators can judge responses to it: true of the simulated world's examples, false of real data
-  (whose `situation` is None, or which has no such field). Every module that reports gold metrics or
-  uses a simulated annotator asks this once, and leaves them out on real data."""
-  return all(getattr(e, "situation", None) is not None for e in examples)

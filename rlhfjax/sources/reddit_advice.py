@@ -28,7 +28,7 @@ paper's spaCy tokens (words and punctuation marks); pass your own counter to mat
 The filters take iterables of Pushshift dicts (submissions: `id`, `subreddit`, `author`, `title`,
 `selftext`, `score`, `created_utc`, ...; comments: `id`, `link_id`, `parent_id`, `author`, `body`,
 `score`, `edited`, `distinguished`, ...); `from_dumps` streams them from dump files with
-`rlhfjax.data.reddit.iter_records`. Situations are written and read as JSONL, one situation a line.
+`reddit.iter_records`. Situations are written and read as JSONL, one situation a line.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import json
 import re
 from typing import Callable, Iterable, Mapping
 
-from rlhfjax import files
-from rlhfjax.data import reddit
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax import files
+from rlhfjax.sources import reddit
 
 # The advice subreddits of the dynamic evaluation (the release's `prepare_eval.py`); RedditAdvice2019
 # also has r/NoStupidQuestions.

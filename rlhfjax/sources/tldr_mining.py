@@ -52,10 +52,10 @@ from rouge_score import rouge_scorer
 from rouge_score import tokenize
 from rouge_score import tokenizers
 
-from rlhfjax import files as files_lib
-from rlhfjax.data import reddit
-from rlhfjax.data import world
 from rlhfjax.errors import DataError
+from rlhfjax import files as files_lib
+from rlhfjax.simulated import world
+from rlhfjax.sources import reddit
 
 HQ_THRESHOLD = 0.22  # TLDRHQ: mean of ROUGE-2 and ROUGE-L F1 of the oracle sentence.
 REASONS = ("deleted", "no_keyword", "short_post", "short_tldr", "tldr_not_shorter", "kept")

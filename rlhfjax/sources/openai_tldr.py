@@ -25,9 +25,9 @@ import json
 import re
 from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
 
-from rlhfjax import files
 from rlhfjax.data import jsonl
 from rlhfjax.errors import DataError
+from rlhfjax import files
 
 # Stiennon et al. (2020), Table 2, most frequent first.
 SUBREDDITS = (

@@ -20,7 +20,7 @@ One row per step:
   donated), plus what stays resident in HBM while the step runs without being its argument (during
   rollout: the training state, the reference and reward models), against the chip's HBM less
   `compile.headroom`: fits or not;
-- the planner's estimate (`parallel/memory.py`) beside it;
+- the planner's estimate (`stages/memory.py`) beside it;
 - the collectives of the compiled program, counted from its HLO (`collectives`): number and
   result bytes per chip of its all-gathers, all-reduces, reduce-scatters, all-to-alls and
   collective-permutes;
@@ -73,18 +73,19 @@ from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
+from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import flops
 from rlhfjax.models import lora
+from rlhfjax.models import pretrained
 from rlhfjax.models import sampling
+from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
-from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import memory
-from rlhfjax.parallel import rollout
-from rlhfjax.parallel import rules
-from rlhfjax.parallel import tpu
 from rlhfjax.parallel.mesh import AXES
 from rlhfjax.parallel.mesh import mesh_shape
+from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.parallel import tpu
+from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
 from rlhfjax.training import optimizer
@@ -143,7 +144,6 @@ def model_config(config: Any) -> ModelConfig:
   (only its shapes are needed here)."""
   block = config.model.to_dict()
   if block.get("init_from"):
-    from rlhfjax.models import pretrained  # pylint: disable=g-import-not-at-top
     return pretrained.model_config(pretrained.resolve(block["init_from"]), block)
   return ModelConfig.from_mapping({k: v for k, v in block.items() if k != "init_from"})
 
@@ -397,8 +397,8 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
     cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
     cache_sh = _cache_shardings(rpar, cache)
-    logits_sh = NamedSharding(rpar.mesh, rules.spec(("batch", "vocab"), (b, cfg.vocab_size),
-                                                    rpar.mesh))
+    logits_sh = NamedSharding(rpar.mesh, sharding_rules.spec(("batch", "vocab"),
+                                                             (b, cfg.vocab_size), rpar.mesh))
     if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
       fn = jax.jit(cast, in_shardings=(sh.params["policy"],), out_shardings=policy_sh)
       out.append(Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, _per_chip(policy), everything,
@@ -418,7 +418,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=2, pad_id=0,
                                    temperature=c.temperature)
     read = 0  # The last block reads every slot (sampling.blocks).
-    rows = NamedSharding(rpar.mesh, rules.spec(("batch",), (b,), rpar.mesh))
+    rows = NamedSharding(rpar.mesh, sharding_rules.spec(("batch",), (b,), rpar.mesh))
     fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len,
                                     cache_read=read),
                   (policy_sh, cache_sh, logits_sh, rows, rpar.replicated, rpar.replicated, rows),
@@ -484,7 +484,7 @@ def _cache_shardings(par: Parallel, cache: Any) -> Any:
   """KV cache: [B, kv_heads, length, Dh] per layer split by batch and kv heads; mask by batch."""
   def one(x):
     axes = ("batch", "kv_heads", "length", "head_dim") if x.ndim == 4 else ("batch", "length")
-    return NamedSharding(par.mesh, rules.spec(axes, x.shape, par.mesh))
+    return NamedSharding(par.mesh, sharding_rules.spec(axes, x.shape, par.mesh))
   return jax.tree.map(one, cache)
 
 

@@ -7,8 +7,8 @@ posts, in AlpacaFarm's for instructions (`rm.layout` must name it, as task=rm re
 `annotators.md` reports each annotator's agreement with the gold argmax, its variance and its length
 preference on the held-out pairs. A rerun with the same settings reuses the files.
 
-Real data has no latent situation (`world.has_gold`), so the simulated annotators cannot judge it:
-there `label.annotator` must be `rm` or `file:PATH`, and the report leaves out gold and the pools.
+Real data has no latent situation (`pipeline.has_gold`), so the simulated annotators cannot judge
+it: there `label.annotator` must be `rm` or `file:PATH`, and the report leaves out gold and the pools.
 With `label.comparisons` naming a TFDS dataset of human comparisons (`HUMAN`: OpenAI's
 summarize-from-feedback comparisons, built from `data.manual_dir`), nothing is sampled or judged:
 the files are the first `label.num_pairs` comparisons of its training split and the first
@@ -24,15 +24,16 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
-from rlhfjax.data import world
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
 from rlhfjax.evaluation import agreement
+from rlhfjax.evaluation import judges
 from rlhfjax.feedback import annotators
-from rlhfjax.feedback import records
 from rlhfjax.rollout import engine
+from rlhfjax.sources import loading
+from rlhfjax.sources import tfds_builders
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
@@ -42,7 +43,7 @@ SPLITS = {"train": "pref", "valid1": "validation"}  # Comparison split -> data s
 HUMAN = {"openai_comparisons": {"train": "train", "valid1": "valid1"}}
 
 
-def sample_pairs(exp: experiment.Experiment, params: Any, examples: Sequence[world.Example],
+def sample_pairs(exp: experiment.Experiment, params: Any, examples: Sequence[pipeline.Tldr],
                  rng: jax.Array) -> tuple[list[str], list[str]]:
   """Two independent samples from the policy for each post."""
   c = exp.config.label
@@ -61,19 +62,6 @@ def to_records(examples: Sequence[pipeline.Example], a: Sequence[str], b: Sequen
           for e, x, y, ch in zip(examples, a, b, choices)]
 
 
-def build_annotator(exp: experiment.Experiment, key: str, name: str,
-                    examples: Sequence[pipeline.Example]) -> annotators.Annotator:
-  """The annotator `name` (config key `key`) for judging responses to `examples`: a simulated one
-  (`annotators.POOL_NAMES`) only where the examples have gold, as it judges by their situation."""
-  if name in annotators.POOL_NAMES and not world.has_gold(examples):
-    raise ConfigError(f"{key}: {name!r} is a simulated annotator, which judges by the latent "
-                      "situation of the simulated world, and these examples (real data) have "
-                      "none: use 'rm' (the trained reward model) or 'file:PATH' (a comparisons "
-                      "file)")
-  return annotators.build(name, exp.config.annotators,
-                          reward_model=lambda: reward_model.annotator(exp))
-
-
 def layout_of(exp: experiment.Experiment, examples: Sequence[pipeline.Example]) -> str:
   """The comparison layout that holds these prompts, checked against `rm.layout`."""
   layout = "alpaca" if any(isinstance(e, pipeline.Instruction) for e in examples) else "openai"
@@ -86,13 +74,12 @@ def layout_of(exp: experiment.Experiment, examples: Sequence[pipeline.Example]) 
 
 def human_comparisons(exp: experiment.Experiment, paths: dict[str, str]) -> None:
   """Writes the comparisons of the TFDS dataset `label.comparisons` as the files `paths`."""
-  from rlhfjax.data import tfds_builders
 
   c = exp.config.label
   if c.comparisons not in HUMAN:
     raise ConfigError(f"label.comparisons: {c.comparisons!r} is not a dataset of human comparisons "
                       f"(available: {', '.join(repr(n) for n in HUMAN)}, or '' to label samples)")
-  builder = pipeline.prepare_tfds(exp.config.data, c.comparisons)
+  builder = loading.prepare_tfds(exp.config.data, c.comparisons)
   sizes = {"train": c.num_pairs, "valid1": c.num_val_pairs}
   for split, path in paths.items():
     theirs = HUMAN[c.comparisons][split]
@@ -137,7 +124,7 @@ def label(exp: experiment.Experiment) -> dict[str, str]:
   chosen = {split: exp.splits[SPLITS[split]][:sizes[split]] for split in paths}
   prompts = [e for examples in chosen.values() for e in examples]
   layout = layout_of(exp, prompts)
-  annotator = build_annotator(exp, "label.annotator", c.annotator, prompts)
+  annotator = judges.build(exp, "label.annotator", c.annotator, prompts)
   params = sft.load_policy(exp)
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 11)
   held_out = None
@@ -165,11 +152,12 @@ def annotator_reports(exp: experiment.Experiment, chosen: annotators.Annotator,
   """Agreement with gold, variance and length preference of the simulated pools and `chosen` (of
   `chosen` alone, without gold, on real data)."""
   rng = np.random.default_rng([exp.config.seed, 12])
-  judges: dict[str, Any] = (dict(annotators.pools(exp.config.annotators))
-                            if world.has_gold(examples) else {})
-  judges.setdefault(chosen.name, chosen)
+  reported: dict[str, Any] = (dict(annotators.pools(exp.config.annotators))
+                              if pipeline.has_gold(examples) else {})
+  reported.setdefault(chosen.name, chosen)
   draws = exp.config.label.report_draws
-  return {name: agreement.annotator_report(j, examples, a, b, rng, draws) for name, j in judges.items()}
+  return {name: agreement.annotator_report(j, examples, a, b, rng, draws)
+          for name, j in reported.items()}
 
 
 def run(config, workdir: str) -> dict[str, str]:
