@@ -1,4 +1,4 @@
-"""The pieces behind docs/performance.md's "what limits each figure": jitted parts timed alone.
+"""The pieces behind "What limits each figure now" (docs/research/performance_sessions.md), timed alone.
 
   python bench/peers/pieces.py [--repeats 3]
 
