@@ -1,4 +1,4 @@
-"""The pieces behind "What limits each figure now" (docs/research/performance_sessions.md), timed alone.
+"""Jitted parts of the peer bench timed alone (docs/research/performance_sessions.md, "limits").
 
   python bench/peers/pieces.py [--repeats 3]
 
