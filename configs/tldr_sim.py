@@ -185,8 +185,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # per group, loss_type 'grpo' = per-sequence token means; k 8 as TRL's num_generations).
   # scale_rewards: group | batch | none; loss_type: grpo | bnpo | dr_grpo; kl_estimator: k3 | k1;
   # kl_in: loss | reward.
+  # DAPO (Yu et al. 2025; each part off here, DAPO's value in brackets): cliprange is the lower
+  # clip eps_low [0.2], cliprange_high the upper eps_high [0.28]; loss_type 'bnpo' is its token-
+  # level loss; overlong_buffer: the last L_cache tokens before response_len, over which the
+  # reward falls linearly to -overlong_penalty_factor [4096 of 20480 tokens; 1.0] (0: off; with
+  # penalize_no_eos a response without eos keeps no_eos_score, no penalty on top);
+  # dynamic_sampling: groups whose rewards are all equal leave the loss [on; DAPO also refills the
+  # batch from new prompts, not done here]; DAPO drops the KL [beta 0].
+  # GSPO (Zheng et al. 2025): importance_sampling_level token (GRPO) | sequence (one ratio per
+  # response, the geometric mean of its token ratios [cliprange 3e-4, cliprange_high 4e-4,
+  # beta 0]) | sequence_token (GSPO-token: that value, each token's own gradient).
   c.grpo = dict(online, k=8, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
-                scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=16)
+                cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
+                minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
+                dynamic_sampling=False, importance_sampling_level="token")
   # Online DPO (Guo et al.; TRL's beta 0.1, sigmoid loss): two fresh samples per prompt, judged by
   # the reward model ('rm') or an annotator (train_pool, eval_pool, single, gold, file:PATH), then
   # one DPO step per iteration against the SFT reference (lr as offline DPO's).

@@ -8,7 +8,8 @@ the truncation rule) is normalised within its group, and every token of the resp
 (`'batch'`: the std over the whole batch; `'none'`: no division, Dr. GRPO). No value network. The
 per-token loss is the clipped surrogate minus the KL penalty in the loss,
 
-  ℓ_t = −[min(ρ_t A_i, clip(ρ_t, 1 ± ε) A_i) − β KL_t],  ρ_t = π_θ(y_t) / π_old(y_t),
+  ℓ_t = −[min(ρ_t A_i, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_i) − β KL_t],
+  ρ_t = π_θ(y_t) / π_old(y_t),  ε_low = `cliprange`, ε_high = `cliprange_high` (= ε_low: GRPO),
 
 with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0; `kl_estimator='k1'`
 uses log π_θ − log π_ref). `kl_in='reward'` instead subtracts β Σ_t KL_t from r_i before the group
@@ -23,6 +24,16 @@ argue about (`loss_type`):
 on-policy default, ρ = 1). std is the unbiased sample std with ε = 1e-4, as in TRL. `truncated_is`
 multiplies each token's clipped surrogate term by min(π_old / π_sampler, tis_cap) (TRL's
 `vllm_importance_sampling_correction`, token-truncated).
+
+DAPO (Yu et al. 2025), each part its own knob, all off by default: the clip range decoupled
+(ε_low = `cliprange`, ε_high = `cliprange_high`; DAPO's 0.2 and 0.28); the token-level loss
+('bnpo'); overlong reward shaping (`overlong_buffer` L_cache, `overlong_penalty_factor`: the
+reward falls linearly over the last L_cache tokens before response_len); dynamic sampling
+(`dynamic_sampling`: the groups whose rewards are all equal leave the loss; DAPO refills the batch
+with new prompts, this step only drops them). GSPO (Zheng et al. 2025):
+`importance_sampling_level='sequence'` takes one ratio per response, the geometric mean of its
+token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its value and a gradient per
+token. docs/methods.md gives the formulas and the papers' settings.
 """
 
 from __future__ import annotations
@@ -44,7 +55,20 @@ SCALES = ("group", "batch", "none")
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 KL_ESTIMATORS = ("k3", "k1")
 KL_IN = ("loss", "reward")
+IS_LEVELS = ("token", "sequence", "sequence_token")
 STD_EPS = 1e-4
+ZERO_STD = 1e-6  # A group whose rewards spread less than this carries no gradient.
+# The DAPO and GSPO settings off: GRPO as before. A block without them (written before they
+# existed) reads these; `cliprange_high` defaults to `cliprange`, a symmetric clip.
+VARIANT_DEFAULTS = {"importance_sampling_level": "token", "overlong_buffer": 0,
+                    "overlong_penalty_factor": 1.0, "dynamic_sampling": False}
+
+
+def knob(c: Any, name: str) -> Any:
+  """A DAPO/GSPO setting of the block `c`, or its default (GRPO's behaviour) where `c` has none."""
+  if name == "cliprange_high":
+    return c.get(name, c.cliprange)
+  return c.get(name, VARIANT_DEFAULTS[name])
 
 
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
@@ -69,24 +93,87 @@ def group_advantages(rewards: jax.Array, k: int, scale: str) -> tuple[jax.Array,
   return centred.reshape(-1), std
 
 
-def aggregate(token_loss: jax.Array, mask: jax.Array, loss_type: str) -> jax.Array:
-  """One loss from per-token losses [B, R] over the real tokens (`mask`), per `loss_type`."""
+def overlong_penalty(lengths: jax.Array, max_len: int, buffer: int,
+                     factor: float) -> jax.Array:
+  """DAPO's soft overlong punishment [B] for responses of `lengths` real tokens: 0 up to
+  L_max − L_cache (`max_len` − `buffer`), then falling linearly to −1 at L_max, −1 beyond; times
+  `factor`. Tells a response running into the length limit from one that ends in time."""
+  start = max_len - buffer
+  return factor * jnp.clip((start - lengths) / buffer, -1.0, 0.0)
+
+
+def length_shaping(batch: pipeline.Batch, eos_id: int, c: Any) -> jax.Array | None:
+  """The overlong penalty [B] each response's reward gets (None with `overlong_buffer` 0). With
+  `penalize_no_eos` a response without eos (cut off at response_len: DAPO's |y| > L_max) already
+  scores `no_eos_score` in place of its reward, and gets no penalty on top; without the rule it
+  gets the full −`overlong_penalty_factor`."""
+  buffer = knob(c, "overlong_buffer")
+  if buffer <= 0:
+    return None
+  mask = batch["response_mask"]
+  penalty = overlong_penalty(mask.astype(jnp.float32).sum(-1), mask.shape[1], buffer,
+                             knob(c, "overlong_penalty_factor"))
+  if c.penalize_no_eos:
+    penalty = jnp.where((batch["response"] == eos_id).any(-1), penalty, 0.0)
+  return penalty
+
+
+def informative_groups(group_std: jax.Array) -> jax.Array:
+  """Which groups [B // k] have rewards that differ (std ≥ ZERO_STD): the others have advantage 0
+  on every response, no policy gradient, and DAPO's dynamic sampling leaves them out."""
+  return group_std >= ZERO_STD
+
+
+def importance_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array | None,
+                     level: str) -> jax.Array:
+  """The ratio ρ [B, R] the surrogate clips, per `level`: 'token' π_θ(y_t)/π_old(y_t) (GRPO);
+  'sequence' (GSPO) s_i = exp(mean over the real tokens (`mask`) of log π_θ − log π_old), the
+  same on every token of the response, its gradient spread over them; 'sequence_token'
+  (GSPO-token) sg[s_i] · π_θ(y_t)/sg[π_θ(y_t)], equal to s_i with each token's own gradient."""
+  log_ratio = logp - old_logp
+  if level == "token":
+    return jnp.exp(log_ratio)
+  if mask is None:
+    raise ValueError(f"importance_sampling_level={level!r} needs the response mask")
+  real = mask > 0
+  seq = (jnp.where(real, log_ratio, 0.0).sum(-1, keepdims=True)
+         / jnp.maximum(real.sum(-1, keepdims=True), 1))
+  if level == "sequence":
+    return jnp.broadcast_to(jnp.exp(seq), logp.shape)
+  return jnp.exp(jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp))
+
+
+def aggregate(token_loss: jax.Array, mask: jax.Array, loss_type: str,
+              rows: jax.Array | None = None) -> jax.Array:
+  """One loss from per-token losses [B, R] over the real tokens (`mask`), per `loss_type`. `rows`
+  [B] (1 or 0): the sequences that count (dynamic sampling's kept groups), the others out of both
+  the sum and the normaliser; None: all."""
+  if rows is not None:
+    mask = mask * rows[:, None]
   total = (token_loss * mask).sum(-1)
   if loss_type == "grpo":
-    return (total / jnp.maximum(mask.sum(-1), 1.0)).mean()
+    per_sequence = total / jnp.maximum(mask.sum(-1), 1.0)
+    if rows is None:
+      return per_sequence.mean()
+    return per_sequence.sum() / jnp.maximum(rows.sum(), 1.0)
   if loss_type == "bnpo":
     return total.sum() / jnp.maximum(mask.sum(), 1.0)
-  return total.sum() / mask.size  # dr_grpo: a constant normaliser (sequences × response_len).
+  if rows is None:
+    return total.sum() / mask.size  # dr_grpo: a constant normaliser (sequences × response_len).
+  return total.sum() / (jnp.maximum(rows.sum(), 1.0) * mask.shape[1])
 
 
 def token_losses(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array, adv: jax.Array,
-                 c: Any, weights: jax.Array | None = None
+                 c: Any, weights: jax.Array | None = None, mask: jax.Array | None = None
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(ℓ_t, KL_t, whether ρ_t was clipped) [B, R] for sequence advantages `adv` [B]. TIS `weights`
-  [B, R] (online.tis_weights) multiply the clipped surrogate term, not the KL term, as in TRL."""
-  ratio = jnp.exp(logp - old_logp)
+  """(ℓ_t, KL_t, whether ρ_t was clipped) [B, R] for sequence advantages `adv` [B], with the ratio
+  of `importance_sampling_level` (the sequence levels need the response `mask`) clipped to
+  [1 − cliprange, 1 + cliprange_high]. TIS `weights` [B, R] (online.tis_weights) multiply the
+  clipped surrogate term, not the KL term, as in TRL."""
+  ratio = importance_ratio(logp, old_logp, mask, knob(c, "importance_sampling_level"))
   a = adv[:, None]
-  surrogate = jnp.minimum(ratio * a, jnp.clip(ratio, 1.0 - c.cliprange, 1.0 + c.cliprange) * a)
+  surrogate = jnp.minimum(ratio * a, jnp.clip(ratio, 1.0 - c.cliprange,
+                                              1.0 + knob(c, "cliprange_high")) * a)
   kl = kl_estimate(logp, ref_logp, c.kl_estimator)
   pg = -surrogate if weights is None else -surrogate * weights
   loss = pg + (c.beta * kl if c.kl_in == "loss" else 0.0)
@@ -103,12 +190,24 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   m = batch["response_mask"].astype(jnp.float32)
   rewards = e["scores"]
+  variant_stats = {}
+  penalty = length_shaping(batch, eos_id, c)
+  if penalty is not None:
+    rewards = rewards + penalty
+    variant_stats.update({"overlong/penalty": penalty.mean(),
+                          "overlong/frac_penalized": (penalty < 0).astype(jnp.float32).mean()})
   if c.kl_in == "reward":
     rewards = rewards - c.beta * (kl_estimate(e["logprobs"], e["ref_logprobs"], c.kl_estimator)
                                   * m).sum(-1)
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
   data = {**batch, "old_logprobs": e["logprobs"], "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
+  if knob(c, "dynamic_sampling"):
+    kept = informative_groups(group_std)
+    data["rows"] = jnp.repeat(kept.astype(jnp.float32), c.k)
+    variant_stats.update({
+        "dynamic_sampling/dropped_groups": (~kept).sum().astype(jnp.float32),
+        "dynamic_sampling/kept_fraction": kept.astype(jnp.float32).mean()})
   weights = online.tis_weights(e["logprobs"], batch, c, "grpo")
   if weights is not None:
     data["tis_weights"] = weights
@@ -118,31 +217,50 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                                     group=group)
     mask = mb["response_mask"].astype(jnp.float32)
     losses, kl, clipped = token_losses(logp, mb["old_logprobs"], mb["ref_logprobs"],
-                                       mb["advantages"], c, mb.get("tis_weights"))
-    loss = aggregate(losses, mask, c.loss_type)
-    return loss, {"loss/policy": loss, "kl": online.masked_mean(kl, mask),
-                  "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), mask)}
+                                       mb["advantages"], c, mb.get("tis_weights"), mask)
+    rows = mb.get("rows")
+    loss = aggregate(losses, mask, c.loss_type, rows)
+    counted = mask if rows is None else mask * rows[:, None]  # The tokens the loss counts.
+    return loss, {"loss/policy": loss, "kl": online.masked_mean(kl, counted),
+                  "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), counted)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "reward": rewards.mean(), "reward_std": group_std.mean(),
-           "frac_reward_zero_std": (group_std < 1e-6).astype(jnp.float32).mean(),
-           **online.sampler_gap(e["logprobs"], batch)}
+           "frac_reward_zero_std": (group_std < ZERO_STD).astype(jnp.float32).mean(),
+           **variant_stats, **online.sampler_gap(e["logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 
-def check_config(c: Any) -> None:
-  """Clear errors for GRPO settings that cannot work."""
+def check_config(c: Any, response_len: int | None = None) -> None:
+  """Clear errors for GRPO settings that cannot work (`response_len`: the format's, which the
+  overlong buffer must fit in)."""
+  if c.loss_type == "dapo":
+    raise ConfigError("grpo.loss_type 'dapo' (TRL's name) is 'bnpo' here: the token mean over each "
+                      "minibatch; DAPO's other parts are their own knobs (cliprange_high, "
+                      "overlong_buffer, dynamic_sampling; docs/methods.md)")
   for key, allowed in (("scale_rewards", SCALES), ("loss_type", LOSS_TYPES),
                        ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
     if c[key] not in allowed:
       raise ConfigError(f"grpo.{key} must be one of {allowed}, got {c[key]!r}")
+  level = knob(c, "importance_sampling_level")
+  if level not in IS_LEVELS:
+    raise ConfigError(f"grpo.importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
+  if not knob(c, "cliprange_high") > 0:
+    raise ConfigError(f"grpo.cliprange_high must be > 0, got {knob(c, 'cliprange_high')!r}")
+  buffer, most = knob(c, "overlong_buffer"), response_len
+  if buffer < 0 or (most is not None and buffer > most):
+    within = ">= 0" if most is None else f"in [0, format.response_len ({most})]"
+    raise ConfigError(f"grpo.overlong_buffer must be {within}, got {buffer!r}")
+  if not knob(c, "overlong_penalty_factor") >= 0:
+    raise ConfigError(f"grpo.overlong_penalty_factor must be >= 0, got "
+                      f"{knob(c, 'overlong_penalty_factor')!r}")
   online.check_sampling("grpo", c, c.k, "advantages are relative to the group")
 
 
 def run(config, workdir: str) -> TrainState:
   c = config.grpo
-  check_config(c)
+  check_config(c, config.format.response_len)
   return online.run_policy(config, workdir, "grpo", train_step, c.k,
                            online.minibatch_updates_per_step(c))
