@@ -1,4 +1,5 @@
-"""Sampling and SFT-step throughput, and the fraction of this device's measured matmul peak.
+"""Sampling and SFT-step throughput, the fraction of this device's measured matmul peak, and how
+fast the simulated world generates its examples.
 
   python bench/throughput.py [--config configs/tldr_sim.py] [--batch 64] [--json out.json]
 
@@ -26,6 +27,7 @@ from rlhfjax.algorithms import sft
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.simulated import world
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -111,6 +113,11 @@ def main() -> None:
   state = TrainState.create(params, tx)
   step_s = timeit(lambda: step(state, data, jax.random.key(2))[1]["train/loss"], 5)
 
+  # The simulated world: posts, references and latent situations, on one core.
+  start = time.perf_counter()
+  world.generate(0, 0, 10_000)
+  world_s = time.perf_counter() - start
+
   seq = plen + rlen
   flops_per_token = 6 * matmul_params(mcfg) + 12 * mcfg.n_layers * mcfg.d_model * seq
   peak = matmul_peak()
@@ -130,6 +137,7 @@ def main() -> None:
       "sft_step_s": step_s,
       "sft_model_gflops": flops_per_token * sft_tokens_s / 1e9,
       "sft_fraction_of_peak": flops_per_token * sft_tokens_s / peak,
+      "world_examples_per_s": 10_000 / world_s,
   }
   report(out, args.json)
 
