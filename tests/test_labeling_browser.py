@@ -43,7 +43,7 @@ from conftest import ROOT, load_config
 MISSING = None  # Why the browser tests cannot run here, if they cannot.
 try:
   from selenium import webdriver  # pylint: disable=g-import-not-at-top
-  from selenium.common.exceptions import WebDriverException
+  from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
   from selenium.webdriver.chrome.service import Service
   from selenium.webdriver.common.action_chains import ActionChains
   from selenium.webdriver.common.by import By
@@ -190,6 +190,13 @@ def _state(driver) -> dict:
             current: (document.querySelector("fieldset.question.current") || {}).id || null,
             checked: Object.fromEntries(Array.from(document.querySelectorAll("input:checked"),
                                                    (i) => [i.name, i.value]))};""")
+
+
+def _until(driver, condition, timeout: float = 10):
+  """WebDriverWait's until, also retrying when the page reloads between finding an element and
+  reading it (a form that submits and redirects: the element found is then stale)."""
+  return WebDriverWait(driver, timeout,
+                       ignored_exceptions=(StaleElementReferenceException,)).until(condition)
 
 
 def _wait(driver, predicate, what: str, timeout: float = 15):
@@ -424,8 +431,8 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
     driver.find_element(By.LINK_TEXT, "Labelers: invite, revoke").click()
     driver.find_element(By.ID, "invite-name").send_keys("bob")
     driver.find_element(By.ID, "invite").click()
-    bob_link = WebDriverWait(driver, 10).until(
-        lambda d: d.find_element(By.ID, "invite-link")).get_attribute("value")
+    bob_link = _until(driver, lambda d: d.find_element(By.ID, "invite-link"))
+    bob_link = bob_link.get_attribute("value")
     assert bob_link.startswith(f"{base}/login#token=")
     assert "invited, not signed in yet" in driver.find_element(By.ID, "team").text
 
@@ -520,7 +527,7 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
     rows = driver.find_elements(By.CSS_SELECTOR, "#mine tbody tr")
     assert len(rows) == 10 and "better" in rows[0].text and "UTC" in rows[0].text
     driver.find_element(By.LINK_TEXT, "Guidelines").click()
-    WebDriverWait(driver, 10).until(lambda d: "9-point" in d.find_element(By.ID, "guidelines").text)
+    _until(driver, lambda d: "9-point" in d.find_element(By.ID, "guidelines").text)
     rows = labels.rows()
     assert len(rows) == 20 and {r["labeler"] for r in rows} == {"ada", "bob"}
     for r in rows:
@@ -534,7 +541,7 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
     driver.get(base + "/admin/flags")
     assert "Summary B is cut off" in driver.find_element(By.CSS_SELECTOR, ".flag").text
     driver.find_element(By.CSS_SELECTOR, ".flag button[value=release]").click()
-    WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "no-flags"))
+    _until(driver, lambda d: d.find_elements(By.ID, "no-flags"))
     driver.get(base + "/admin/disagreements")
     split = driver.find_elements(By.CSS_SELECTOR, ".disagreement")
     assert split and all({"ada", "bob"} <= {td.text for td in d.find_elements(
@@ -552,7 +559,7 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
     downloaded = open(target, encoding="utf-8").read()
     driver.get(base + "/admin/labelers")
     driver.find_element(By.CSS_SELECTOR, 'tr[data-name="bob"] form.revoke button').click()
-    WebDriverWait(driver, 10).until(lambda d: "revoked" in d.find_element(
+    _until(driver, lambda d: "revoked" in d.find_element(
         By.CSS_SELECTOR, 'tr[data-name="bob"] .status').text)
     driver.delete_all_cookies()
     for c in bob_cookies:
