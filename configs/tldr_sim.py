@@ -199,6 +199,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
                 minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
                 dynamic_sampling=False, importance_sampling_level="token")
+  # REINFORCE++ (Hu et al. 2025; OpenRLHF's defaults): PPO's per-token reward (-kl_coef x the k1
+  # KL on every token, the score on the last) without a critic; the return is the reward-to-go
+  # (gamma) and the advantage that return whitened over every real token of the rollout batch
+  # (global, not per prompt); PPO's clipped token-level surrogate, cliprange 0.2.
+  # advantage_estimator: reinforce_pp (k >= 1; OpenRLHF's `reinforce`, 1 sample per prompt) |
+  # reinforce_pp_baseline (OpenRLHF's `reinforce_baseline`: each prompt's mean score subtracted
+  # first; needs k >= 2 and gamma 1). kl_coef 0.01: OpenRLHF's init_kl_coef.
+  c.reinforce_pp = dict(online, k=1, advantage_estimator="reinforce_pp", kl_coef=0.01, gamma=1.0,
+                        cliprange=0.2, epochs=2, minibatch_size=16)
   # Online DPO (Guo et al.; TRL's beta 0.1, sigmoid loss): two fresh samples per prompt, judged by
   # the reward model ('rm') or an annotator (train_pool, eval_pool, single, gold, file:PATH), then
   # one DPO step per iteration against the SFT reference (lr as offline DPO's).
@@ -236,17 +245,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                  b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0)
 
   # DPO on the comparison files of task=rm, from and against the SFT policy: loss_type 'sigmoid'
-  # (DPO, with optional label smoothing) or 'ipo'.
-  c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, batch_size=32, epochs=1.0,
-               lr=1e-4, warmup_steps=10, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
-               eps=1e-8, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0, log_every=10)
+  # (DPO, with optional label smoothing), 'ipo' or 'simpo' (reference-free; gamma_beta_ratio is
+  # its margin over beta, read by 'simpo' only).
+  c.dpo = dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0, gamma_beta_ratio=0.5,
+               batch_size=32, epochs=1.0, lr=1e-4, warmup_steps=10, schedule="linear",
+               end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+               skip_nonfinite=0, log_every=10)
+  # SimPO (Meng et al. 2024; task=simpo runs dpo.py under this block, from SFT, no reference):
+  # loss -log sigmoid(beta/|y_c| log pi(y_c) - beta/|y_r| log pi(y_r) - gamma_beta_ratio * beta),
+  # with optional label smoothing. beta 2.0 and gamma_beta_ratio 0.5: the SimPO repository's
+  # recommended start (its README; Llama3-Base used exactly these). Optimiser settings as DPO's.
+  c.simpo = dict(c.dpo, loss_type="simpo", beta=2.0, gamma_beta_ratio=0.5)
 
   # task=compile: lower and compile every step of `steps` for each TPU slice of `topology`
   # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip
   # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
   # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
   c.compile = dict(topology="",
-                   steps="sft,rm,dpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
+                   steps="sft,rm,dpo,simpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
   # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
@@ -282,13 +298,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
-    for block in (c.rloo, c.grpo, c.online_dpo):
+    for block in (c.rloo, c.grpo, c.reinforce_pp, c.online_dpo):
       block.update(steps=2, rollout_batch=8, eval_every=2, eval_examples=8)
-    c.rloo.update(minibatch_size=4)
+    for block in (c.rloo, c.reinforce_pp):
+      block.update(minibatch_size=4)
     c.grpo.update(k=4, minibatch_size=4)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
-    c.dpo.update(batch_size=8, warmup_steps=1, log_every=2)
+    for block in (c.dpo, c.simpo):
+      block.update(batch_size=8, warmup_steps=1, log_every=2)
     c.quark.update(rounds=2, prompts_per_round=16, sample_batch_size=8, num_bins=4,
                    steps_per_round=2, batch_size=4)
     for block in (c.feedme, c.reward_conditioning):

@@ -34,7 +34,8 @@ _BY_NAME: dict[str, Rule] = {
                      "temperature", "kl_coef", "contrast_batch_size", "num_examples",
                      "num_val_pairs", "norm_examples", "probe_examples", "bootstrap",
                      "likelihood_weight", "head_dim", "rank", "every", "vf_coef", "sft",
-                     "pref", "unlabeled", "validation", "test", "eval_batches", "beta"),
+                     "pref", "unlabeled", "validation", "test", "eval_batches", "beta",
+                     "gamma_beta_ratio"),
                     _NON_NEGATIVE),
     **dict.fromkeys(("end_lr_frac", "flip_rate", "gamma", "lam", "top_p"), _UNIT),
     **dict.fromkeys(("b1", "b2", "dropout"), _BELOW_ONE),
@@ -46,6 +47,7 @@ _BY_NAME: dict[str, Rule] = {
 _BY_PATH: dict[str, Rule] = {
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "dpo.beta": _POSITIVE,  # IPO divides by it; GRPO's beta (a KL weight) may be 0.
+    "simpo.beta": _POSITIVE,
     "online_dpo.beta": _POSITIVE,
     "distributed.num_processes": _POSITIVE,
     "distributed.process_id": _NON_NEGATIVE,

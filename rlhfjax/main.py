@@ -31,6 +31,7 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import quark
+from rlhfjax.algorithms import reinforce_pp
 from rlhfjax.algorithms import reward_conditioning
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import rloo
@@ -75,10 +76,12 @@ TASKS: dict[str, Callable] = {
     "ppo": ppo.run,
     "rloo": rloo.run,
     "grpo": grpo.run,
+    "reinforce_pp": reinforce_pp.run,
     "online_dpo": online_dpo.run,
     "best_of_n": best_of_n.run,
     "expert_iteration": expert_iteration.run,
     "dpo": dpo.run,
+    "simpo": lambda config, workdir: dpo.run(config, workdir, "simpo"),  # dpo.py, config.simpo.
     "feedme": feedme.run,
     "reward_conditioning": reward_conditioning.run,
     "quark": quark.run,
@@ -103,10 +106,12 @@ TASK_HELP = {
     "ppo": "PPO against the reward model with a per-token KL penalty to the SFT policy",
     "rloo": "REINFORCE leave-one-out",
     "grpo": "group-relative policy optimisation",
+    "reinforce_pp": "REINFORCE++: PPO's per-token rewards without a critic, globally whitened",
     "online_dpo": "DPO on pairs sampled and labelled during training",
     "best_of_n": "best-of-n sampling against the reward model",
     "expert_iteration": "fine-tune on the best of n samples",
     "dpo": "direct preference optimisation on the comparison files",
+    "simpo": "SimPO: reference-free, length-normalised preference optimisation on those files",
     "feedme": "binary FeedME: fine-tune on the preferred responses",
     "reward_conditioning": "binary reward conditioning: positive/negative control codes",
     "quark": "Quark: rounds of sampling, keeping the top reward quantile, fine-tuning on it",

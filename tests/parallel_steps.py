@@ -1,7 +1,8 @@
-"""Runs SFT, reward-model, PPO, DPO, RLOO, GRPO and online DPO training steps on meshes of 8 forced
-CPU devices and writes, per mesh, the losses and final parameters (`<out>/<mesh>.npz`) and byte
-counts (`<out>/bytes.json`). Every algorithm runs on one device and on the mesh that uses all three
-axes (2x2x2); pure data parallelism runs SFT and PPO, pure FSDP SFT (the suite's time is shared).
+"""Runs SFT, reward-model, PPO, DPO, SimPO, RLOO, GRPO, REINFORCE++ and online DPO training steps on
+meshes of 8 forced CPU devices and writes, per mesh, the losses and final parameters
+(`<out>/<mesh>.npz`) and byte counts (`<out>/bytes.json`). Every algorithm runs on one device and
+on the mesh that uses all three axes (2x2x2); pure data parallelism runs SFT and PPO, pure FSDP SFT
+(the suite's time is shared).
 The policy also samples in the rollout layouts of ROLLOUTS (parallel/rollout.py: the weights copied
 out of the trainer's layout), written as `rollout/<layout>/...` beside each mesh's results.
 
@@ -23,7 +24,8 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reward_model, rloo, sft  # noqa: E402
+from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reinforce_pp  # noqa: E402
+from rlhfjax.algorithms import reward_model, rloo, sft  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
 from rlhfjax.models import heads, sampling, transformer  # noqa: E402
 from rlhfjax.models import sharding_rules  # noqa: E402
@@ -34,7 +36,7 @@ from rlhfjax.stages import memory  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
-ALGORITHMS = ("sft", "rm", "ppo", "dpo", "rloo", "grpo", "online_dpo")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "rloo", "grpo", "reinforce_pp", "online_dpo")
 MESHES = {(1, 1, 1): ALGORITHMS, (2, 2, 2): ALGORITHMS, (8, 1, 1): ("sft", "ppo"),
           (1, 8, 1): ("sft",)}
 CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
@@ -54,6 +56,8 @@ PPO = ml_collections.ConfigDict(dict(
     cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
     value_model="separate"))
 DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
+SIMPO = ml_collections.ConfigDict(dict(beta=2.0, gamma_beta_ratio=0.5, loss_type="simpo",
+                                       label_smoothing=0.0))
 ONLINE = dict(temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True)
 CRITIC_FREE = {
     "rloo": (rloo, ml_collections.ConfigDict(dict(
@@ -62,6 +66,9 @@ CRITIC_FREE = {
     "grpo": (grpo, ml_collections.ConfigDict(dict(
         **ONLINE, k=4, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
         scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=4))),
+    "reinforce_pp": (reinforce_pp, ml_collections.ConfigDict(dict(
+        **ONLINE, k=2, advantage_estimator="reinforce_pp_baseline", kl_coef=0.01, gamma=1.0,
+        cliprange=0.2, epochs=2, minibatch_size=4))),
     "online_dpo": (online_dpo, ml_collections.ConfigDict(dict(
         **ONLINE, beta=0.1, loss_type="sigmoid", label_smoothing=0.0))),
 }
@@ -144,6 +151,15 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
       losses.setdefault("dpo", []).append(float(m["train/loss"]))
     params["dpo"] = to_host(state.params)
 
+  if "simpo" in algorithms:  # From the reference, without it.
+    state, sh = par.train_state(fresh, policy_axes, tx, ref)
+    step = par.jit(functools.partial(dpo.train_step, cfg=CFG, c=SIMPO, tx=tx),
+                   (sh, None, par.batch), (sh, par.replicated), (0,))
+    for d in data:
+      state, m = step(state, None, rows(d, pair_keys))
+      losses.setdefault("simpo", []).append(float(m["train/loss"]))
+    params["simpo"] = to_host(state.params)
+
   # The critic-free online methods: policy {'policy'} from the reference, frozen reward model.
   for name, (module, c) in CRITIC_FREE.items():
     if name not in algorithms:
@@ -153,7 +169,8 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
     step = par.jit(functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS),
                    (sh, sh.params["policy"], par.shardings(rm_axes, rm), par.batch,
                     par.replicated), (sh, par.replicated), (0,))
-    loss_key = {"rloo": "loss/policy_avg", "grpo": "loss/policy", "online_dpo": "loss/dpo"}[name]
+    loss_key = {"rloo": "loss/policy_avg", "grpo": "loss/policy", "reinforce_pp": "loss/policy",
+                "online_dpo": "loss/dpo"}[name]
     for i, d in enumerate(data):
       state, m = step(state, ref, rm, rows(d, lm_keys), jax.random.fold_in(key, 20 + i))
       losses.setdefault(name, []).append(float(m[loss_key]))

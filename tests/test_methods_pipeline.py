@@ -212,6 +212,9 @@ ONLINE_NAMES = {
              "policy/clipfrac_avg", "loss/policy_avg", "val/ratio"),
     "grpo": ("objective/kl", "objective/scores", "reward", "reward_std", "frac_reward_zero_std",
              "kl", "clip_ratio", "loss/policy"),
+    "reinforce_pp": ("objective/kl", "objective/scores", "objective/rlhf_reward",
+                     "policy/approxkl", "policy/clipfrac", "loss/policy", "val/ratio",
+                     "returns/mean"),
     "online_dpo": ("objective/kl", "objective/scores", "objective/scores_margin",
                    "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
                    "logps/chosen", "logps/rejected", "loss/dpo"),
@@ -233,11 +236,11 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   config, _ = tiny_pipeline
   workdir = _online_workdir(tiny_pipeline, tmp_path, "online")
   changed = config.copy_and_resolve_references()
-  changed.stages = "rloo,grpo,online_dpo,eval"
+  changed.stages = "rloo,grpo,reinforce_pp,online_dpo,eval"
   changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
-  changed.eval.methods = "rloo,grpo,online_dpo"
+  changed.eval.methods = "rloo,grpo,reinforce_pp,online_dpo"
   rows = main.run(changed, workdir)
-  assert {r["method"] for r in rows} == {"RLOO", "GRPO", "online DPO"}
+  assert {r["method"] for r in rows} == {"RLOO", "GRPO", "REINFORCE++", "online DPO"}
   for task, names in ONLINE_NAMES.items():
     c = changed[task]
     logged = metrics_lib.read_jsonl(f"{workdir}/{task}/metrics.jsonl")
@@ -249,7 +252,8 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
       assert len(json.load(f)["outputs"]) == config.eval.num_examples
   from rlhfjax.evaluation import leaderboard
   lines = leaderboard.curves(experiment.prepare(changed, workdir))
-  assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "online DPO (β=0.1)"]
+  assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "REINFORCE++ (β=0.01)",
+                         "online DPO (β=0.1)"]
 
 
 def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):

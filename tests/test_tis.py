@@ -18,6 +18,7 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import online
 from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import reinforce_pp
 from rlhfjax.algorithms import rloo
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
@@ -113,7 +114,7 @@ def test_rloo_weights_each_token_term_of_the_gradient():
 
 
 def test_the_knob_is_off_by_default_and_its_cap_at_least_one(tiny_config):
-  for task in ("ppo", "rloo", "grpo"):
+  for task in ("ppo", "rloo", "grpo", "reinforce_pp"):
     assert (tiny_config[task].truncated_is, tiny_config[task].tis_cap) == (False, 2.0), task
   config_check.check(tiny_config)
   tiny_config.grpo.tis_cap = 1.0  # min(r, 1): only down-weights, a valid choice.
@@ -138,6 +139,8 @@ METHODS = {
     "rloo": (rloo, dict(ONLINE, kl_coef=0.05, normalize_advantages=False)),
     "grpo": (grpo, dict(ONLINE, beta=0.04, kl_estimator="k3", kl_in="loss",
                         scale_rewards="group", loss_type="grpo")),
+    "reinforce_pp": (reinforce_pp, dict(ONLINE, advantage_estimator="reinforce_pp_baseline",
+                                        kl_coef=0.01, gamma=1.0)),
 }
 
 

@@ -1,15 +1,25 @@
-"""Direct preference optimisation (task=dpo; Rafailov et al.), with IPO (Azar et al.) as an option.
+"""Direct preference optimisation (task=dpo; Rafailov et al.), with IPO (Azar et al.) and the
+reference-free SimPO (task=simpo; Meng et al. 2024) as options.
 
-The policy starts from SFT and learns from the comparisons directly, with the frozen SFT policy as
-reference. With h = [log π(c) − log π_ref(c)] − [log π(r) − log π_ref(r)] (sums over response tokens
+The policy starts from SFT and learns from the comparisons directly. With the frozen SFT policy as
+reference and h = [log π(c) − log π_ref(c)] − [log π(r) − log π_ref(r)] (sums over response tokens
 of the chosen c and rejected r responses):
 
   sigmoid (DPO):  loss = −log σ(β h)           (with label smoothing ε: the conservative-DPO mix)
   ipo:            loss = (h − 1/(2β))²
 
-One jitted step evaluates policy and reference on chosen and rejected in one batch. The implicit
-reward β (log π − log π_ref) is logged like TRL's rewards/chosen, rewards/rejected, rewards/margins
-and rewards/accuracies. At the end the policy answers the test prompts for task=eval.
+SimPO has no reference: its reward is the policy's length-normalised log-probability,
+r(y) = β/|y| · log π(y) (|y| the response's real tokens, eos included), and a target margin
+γ = `gamma_beta_ratio` · β separates the pair:
+
+  simpo:          loss = −log σ(r(c) − r(r) − γ)   (label smoothing ε as for sigmoid)
+
+One jitted step evaluates the policy (and for DPO and IPO the reference) on chosen and rejected in
+one batch. The implicit rewards are logged like TRL's rewards/chosen, rewards/rejected,
+rewards/margins and rewards/accuracies, beside logps/chosen and logps/rejected (sums over the
+response; SimPO's per token, as TRL's CPOTrainer logs them). task=simpo is this module under `config.simpo` (SimPO's
+defaults), in its own folder; any loss runs under either block. At the end the policy answers the
+test prompts for task=eval.
 """
 
 from __future__ import annotations
@@ -37,7 +47,21 @@ from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
-LOSSES = ("sigmoid", "ipo")
+REFERENCE_LOSSES = ("sigmoid", "ipo")  # Against the reference policy (online DPO takes these).
+LOSSES = REFERENCE_LOSSES + ("simpo",)
+
+
+def _smoothed_sigmoid_loss(logits: jax.Array, label_smoothing: float) -> jax.Array:
+  """−log σ(logits), mixed with −log σ(−logits) at weight ε (the conservative-DPO loss)."""
+  return (-(1 - label_smoothing) * jax.nn.log_sigmoid(logits)
+          - label_smoothing * jax.nn.log_sigmoid(-logits))
+
+
+def _reward_stats(r_c: jax.Array, r_r: jax.Array) -> dict[str, jax.Array]:
+  """TRL's metrics of the implicit rewards of chosen and rejected responses [B]."""
+  return {"rewards/chosen": r_c.mean(), "rewards/rejected": r_r.mean(),
+          "rewards/margins": (r_c - r_r).mean(),
+          "rewards/accuracies": (r_c > r_r).astype(jnp.float32).mean()}
 
 
 def dpo_loss(logp_chosen: jax.Array, logp_rejected: jax.Array, ref_chosen: jax.Array,
@@ -48,16 +72,25 @@ def dpo_loss(logp_chosen: jax.Array, logp_rejected: jax.Array, ref_chosen: jax.A
   rejected = logp_rejected - ref_rejected
   h = chosen - rejected
   if loss_type == "sigmoid":
-    losses = (-(1 - label_smoothing) * jax.nn.log_sigmoid(beta * h)
-              - label_smoothing * jax.nn.log_sigmoid(-beta * h))
+    losses = _smoothed_sigmoid_loss(beta * h, label_smoothing)
   elif loss_type == "ipo":
     losses = jnp.square(h - 1.0 / (2.0 * beta))
   else:
-    raise ValueError(f"unknown DPO loss {loss_type!r}; expected one of {LOSSES}")
+    raise ValueError(f"unknown DPO loss {loss_type!r}; expected one of {REFERENCE_LOSSES}")
+  return losses.mean(), _reward_stats(beta * chosen, beta * rejected)
+
+
+def simpo_loss(logp_chosen: jax.Array, logp_rejected: jax.Array, len_chosen: jax.Array,
+               len_rejected: jax.Array, beta: float, gamma_beta_ratio: float,
+               label_smoothing: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Mean SimPO loss from per-sequence log-prob sums and lengths in tokens [B] (no reference), and
+  TRL-style metrics of its reward β · (log π / |y|) and of the per-token log-probs."""
+  chosen = logp_chosen / jnp.maximum(len_chosen, 1)
+  rejected = logp_rejected / jnp.maximum(len_rejected, 1)
   r_c, r_r = beta * chosen, beta * rejected
-  return losses.mean(), {"rewards/chosen": r_c.mean(), "rewards/rejected": r_r.mean(),
-                         "rewards/margins": (r_c - r_r).mean(),
-                         "rewards/accuracies": (r_c > r_r).astype(jnp.float32).mean()}
+  losses = _smoothed_sigmoid_loss(r_c - r_r - gamma_beta_ratio * beta, label_smoothing)
+  return losses.mean(), {**_reward_stats(r_c, r_r), "logps/chosen": chosen.mean(),
+                         "logps/rejected": rejected.mean()}
 
 
 def _both(batch: pipeline.Batch) -> pipeline.Batch:
@@ -70,50 +103,63 @@ def _both(batch: pipeline.Batch) -> pipeline.Batch:
 
 def train_step(state: TrainState, ref_params: Any, batch: pipeline.Batch, *, cfg: ModelConfig,
                c: Any, tx: optax.GradientTransformation) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One AdamW step on the DPO (or IPO) loss of a batch of comparisons (`ref_params` None: the
-  LoRA policy's base is the reference)."""
+  """One AdamW step on the DPO, IPO or SimPO loss of a batch of comparisons (`ref_params` None:
+  the LoRA policy's base is the reference; SimPO reads no reference and runs no forward of it)."""
   both = _both(batch)
   n = batch["prompt"].shape[0]
-  ref_params = lora.reference(state.params, ref_params)
-  ref = jax.lax.stop_gradient(policy.response_logprobs(ref_params, both, cfg).sum(-1))
+  if c.loss_type == "simpo":
+    lengths = both["response_mask"].sum(-1)
 
-  def loss_fn(params):
-    logp = policy.response_logprobs(params, both, cfg).sum(-1)
-    return dpo_loss(logp[:n], logp[n:], ref[:n], ref[n:], c.beta, c.loss_type, c.label_smoothing)
+    def loss_fn(params):
+      logp = policy.response_logprobs(params, both, cfg).sum(-1)
+      return simpo_loss(logp[:n], logp[n:], lengths[:n], lengths[n:], c.beta,
+                        c.gamma_beta_ratio, c.label_smoothing)
+  else:
+    ref_params = lora.reference(state.params, ref_params)
+    ref = jax.lax.stop_gradient(policy.response_logprobs(ref_params, both, cfg).sum(-1))
+
+    def loss_fn(params):
+      logp = policy.response_logprobs(params, both, cfg).sum(-1)
+      loss, m = dpo_loss(logp[:n], logp[n:], ref[:n], ref[n:], c.beta, c.loss_type,
+                         c.label_smoothing)
+      return loss, {**m, "logps/chosen": logp[:n].mean(), "logps/rejected": logp[n:].mean()}
 
   (loss, m), grads = lora.value_and_grad(loss_fn, has_aux=True)(state.params)
   state = state.apply_gradients(grads, tx)
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads), **m}
 
 
-def train(exp: experiment.Experiment) -> TrainState:
-  """Trains (or resumes) DPO in `<workdir>/dpo` on the comparison files of task=rm."""
-  config, c, fmt = exp.config, exp.config.dpo, exp.config.format
+def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
+  """Trains (or resumes) `task` (dpo or simpo, under its config block) in `<workdir>/<task>` on
+  the comparison files of task=rm."""
+  config, c, fmt = exp.config, exp.config[task], exp.config.format
   if c.loss_type not in LOSSES:
-    raise ConfigError(f"dpo.loss_type must be one of {LOSSES}, got {c.loss_type!r}")
+    raise ConfigError(f"{task}.loss_type must be one of {LOSSES}, got {c.loss_type!r}")
   files = reward_model.comparison_files(exp)
   comps = reward_model.load_comparisons(files["train"], config.rm.layout)
   data = pipeline.encode_comparisons(exp.tokenizer, comps, fmt.prompt_len, fmt.response_len)
   steps = int(c.epochs * len(comps)) // c.batch_size
   if steps <= 0:
-    raise ConfigError(f"dpo.batch_size ({c.batch_size}) exceeds dpo.epochs x {len(comps)} pairs")
+    raise ConfigError(f"{task}.batch_size ({c.batch_size}) exceeds {task}.epochs x {len(comps)} "
+                      f"pairs")
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
   par = exp.parallel
-  par.check_batch("dpo.batch_size", c.batch_size)
+  par.check_batch(f"{task}.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps, exp.trainable("policy"))
   state, shardings = sft.policy_state(exp, tx, ref_params)
-  if exp.lora.applies_to("policy"):
-    ref_params = None  # The policy's own base: one backbone.
+  reference_free = c.loss_type not in REFERENCE_LOSSES
+  if reference_free or exp.lora.applies_to("policy"):
+    ref_params = None  # SimPO needs none; a LoRA policy's own base is its reference.
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
                     (shardings, None if ref_params is None else shardings.params, par.batch),
                     (shardings, par.replicated), (0,))
-  task_dir = exp.task_dir("dpo")
+  task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   meta = {"model": dataclasses.asdict(exp.model), "files": reward_model.files_meta(exp, files),
-          "dpo": {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy"),
+          task: {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy"),
           **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
@@ -124,16 +170,18 @@ def train(exp: experiment.Experiment) -> TrainState:
   def periodic(state, done, m) -> dict[str, float]:
     return {k: float(v) for k, v in m.items()} if done % c.log_every == 0 or done == steps else {}
 
+  forwards = 2 if reference_free else 4  # Chosen and rejected, through the policy (and reference).
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
-                   4 * c.batch_size * (fmt.prompt_len + fmt.response_len), "dpo", meta,
+                   forwards * c.batch_size * (fmt.prompt_len + fmt.response_len), task, meta,
                    c.get("skip_nonfinite", 0))
   writer.close()
   ckpt.close()
   return state
 
 
-def run(config, workdir: str) -> TrainState:
+def run(config, workdir: str, task: str = "dpo") -> TrainState:
+  """`train`, then the policy answers the test prompts for task=eval (in `<workdir>/<task>`)."""
   exp = experiment.prepare(config, workdir)
-  state = train(exp)
-  outputs.save_policy(exp, "dpo", state.params, sft.load_policy(exp))
+  state = train(exp, task)
+  outputs.save_policy(exp, task, state.params, sft.load_policy(exp))
   return state

@@ -108,8 +108,9 @@ def pool_annotate(exp: experiment.Experiment) -> online.Annotate | None:
 
 def check_config(c: Any) -> None:
   """Clear errors for online DPO settings that cannot work."""
-  if c.loss_type not in dpo.LOSSES:
-    raise ConfigError(f"online_dpo.loss_type must be one of {dpo.LOSSES}, got {c.loss_type!r}")
+  if c.loss_type not in dpo.REFERENCE_LOSSES:
+    raise ConfigError(f"online_dpo.loss_type must be one of {dpo.REFERENCE_LOSSES}, got "
+                      f"{c.loss_type!r}")
   if c.get("truncated_is", False):
     raise ConfigError("online_dpo.truncated_is: online DPO's loss has no per-token policy-gradient "
                       "term to weight; set it False")

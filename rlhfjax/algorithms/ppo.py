@@ -110,11 +110,12 @@ def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: 
   return kl_coef * (1.0 + error * n_steps / horizon)
 
 
-def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], cliprange: float,
-               cliprange_value: float) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-  """Clipped surrogate policy loss and clipped value loss, as token means over real tokens. With
+def policy_loss(logp: jax.Array, batch: dict[str, jax.Array],
+                cliprange: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """The clipped surrogate on per-token ratios and advantages (`batch['logprobs']` the old
+  log-probs, `batch['advantages']` [B, R]), as a token mean over the real tokens. With
   `tis_weights` in the batch (online.tis_weights) each token's clipped surrogate term is multiplied
-  by its weight, as verl and TRL do; the value loss is not."""
+  by its weight, as verl and TRL do."""
   m = batch["response_mask"].astype(jnp.float32)
   adv = batch["advantages"]
   log_ratio = logp - batch["logprobs"]
@@ -123,15 +124,23 @@ def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], 
   pg = jnp.maximum(pg1, pg2)
   if "tis_weights" in batch:
     pg = pg * batch["tis_weights"]
-  pg_loss = online.masked_mean(pg, m)
+  return online.masked_mean(pg, m), {
+      "policy/approxkl": 0.5 * online.masked_mean(jnp.square(log_ratio), m),
+      "policy/clipfrac": online.masked_mean((pg2 > pg1).astype(jnp.float32), m),
+      "val/ratio": online.masked_mean(ratio, m)}
+
+
+def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], cliprange: float,
+               cliprange_value: float) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """`policy_loss` and the clipped value loss, as token means over real tokens (TIS weights
+  multiply the policy's terms only)."""
+  m = batch["response_mask"].astype(jnp.float32)
+  pg_loss, stats = policy_loss(logp, batch, cliprange)
   v_clipped = batch["values"] + jnp.clip(values - batch["values"], -cliprange_value, cliprange_value)
   vf1, vf2 = jnp.square(values - batch["returns"]), jnp.square(v_clipped - batch["returns"])
   vf_loss = 0.5 * online.masked_mean(jnp.maximum(vf1, vf2), m)
-  stats = {"policy/approxkl": 0.5 * online.masked_mean(jnp.square(log_ratio), m),
-           "policy/clipfrac": online.masked_mean((pg2 > pg1).astype(jnp.float32), m),
-           "val/clipfrac": online.masked_mean((vf2 > vf1).astype(jnp.float32), m),
-           "val/ratio": online.masked_mean(ratio, m)}
-  return pg_loss, vf_loss, stats
+  return pg_loss, vf_loss, {**stats,
+                            "val/clipfrac": online.masked_mean((vf2 > vf1).astype(jnp.float32), m)}
 
 
 def _response_values(v: jax.Array, batch: pipeline.Batch) -> jax.Array:

@@ -47,10 +47,12 @@ from rlhfjax.training import metrics as metrics_lib
 
 NAMES = {"sft": "SFT", "ppo": "PPO", "best_of_n": "best-of-{n}", "expert_iteration": "expert iteration",
          "quark": "Quark", "feedme": "binary FeedME", "reward_conditioning": "binary reward conditioning",
-         "dpo": "DPO", "rloo": "RLOO", "grpo": "GRPO", "online_dpo": "online DPO"}
+         "dpo": "DPO", "simpo": "SimPO", "rloo": "RLOO", "grpo": "GRPO",
+         "reinforce_pp": "REINFORCE++", "online_dpo": "online DPO"}
 # The online methods whose held-out points (`eval/*` in `<task>/metrics.jsonl`) make training curves,
 # with the config key of each one's KL coefficient.
-CURVES = {"ppo": "kl_coef", "rloo": "kl_coef", "grpo": "beta", "online_dpo": "beta"}
+CURVES = {"ppo": "kl_coef", "rloo": "kl_coef", "grpo": "beta", "reinforce_pp": "kl_coef",
+          "online_dpo": "beta"}
 COLUMNS = ("method", "win_rate", "se", "ci_low", "ci_high", "lc_win_rate", "lc_se", "stiennon_lc",
            "stiennon_lc_se", "p_vs_sft", "gold", "length_words", "kl")
 PANELS = (("rm_score", "reward model score"), ("gold", "gold reward"),
@@ -171,8 +173,8 @@ def _kl_coef(workdir: str, task: str) -> str:
 
 
 def curves(exp: experiment.Experiment) -> dict[str, list[dict[str, float]]]:
-  """The online methods' training curves (PPO, RLOO, GRPO, online DPO: those the workdir holds)
-  and best-of-N's, of this workdir and of each workdir in `eval.compare_runs`."""
+  """The online methods' training curves (PPO, RLOO, GRPO, REINFORCE++, online DPO: those the
+  workdir holds) and best-of-N's, of this workdir and of each workdir in `eval.compare_runs`."""
   out = {}
   for i, d in enumerate([exp.workdir] + [d for d in exp.config.eval.compare_runs.split(",") if d]):
     name = "" if i == 0 else f" · {os.path.basename(os.path.normpath(d))}"

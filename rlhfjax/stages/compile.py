@@ -5,9 +5,9 @@
 
 For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/tpu.py) the config's
 model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
-pipeline runs — the SFT, reward-model, DPO and PPO update steps, the PPO rollout's prefill and one
-decode step with its KV cache, best-of-N scoring — is lowered with the same shardings as training
-and compiled by XLA for that TPU. The rollout's steps run in the rollout layout
+pipeline runs — the SFT, reward-model, DPO, SimPO and PPO update steps, the PPO rollout's prefill
+and one decode step with its KV cache, best-of-N scoring — is lowered with the same shardings as
+training and compiled by XLA for that TPU. The rollout's steps run in the rollout layout
 (parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it: the
 slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom` less
 the training state and the frozen models as the room it has; `rollout_reshard` is the copy of the
@@ -94,7 +94,8 @@ from rlhfjax.training.state import TrainState
 # XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
 _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-STEPS = ("sft", "rm", "dpo", "ppo_prefill", "ppo_decode", "ppo_update", "best_of_n_score")
+STEPS = ("sft", "rm", "dpo", "simpo", "ppo_prefill", "ppo_decode", "ppo_update",
+         "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
 RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -345,24 +346,28 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     out.append(Step("rm", fn, (state, batch), f, f + _recomputed(trained, 2 * c.batch_size, seq),
                     2 * c.batch_size * seq, {"reward": (3, True)},
                     plan(2 * c.batch_size, lm_rm, model=trained)["train_step"]))
-  if "dpo" in names:
-    c = config.dpo
-    par.check_batch("dpo.batch_size", c.batch_size)
+  for task in ("dpo", "simpo"):  # One module, two config blocks; SimPO has no reference.
+    if task not in names:
+      continue
+    c = config[task]
+    par.check_batch(f"{task}.batch_size", c.batch_size)
     tx = optimizer.adamw(c, 1000)
     policy_axes = transformer.param_axes(cfg)
     state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
                                 policy_axes, tx, jax.random.key(0), abstract=True)
     trained = exp.model_for("policy")
+    with_ref = c.loss_type in dpo.REFERENCE_LOSSES
     fn = par.jit(functools.partial(dpo.train_step, cfg=trained, c=c, tx=tx),
-                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+                 (sh, sh.params if with_ref else None, par.batch), (sh, par.replicated), (0,))
     batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
     train = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
-    ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
-    out.append(Step("dpo", fn, (state, state.params, batch), train + ref,
+    ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len) if with_ref else 0.0
+    passes = {"policy": (3, True), **({"reference": (1, False)} if with_ref else {})}
+    out.append(Step(task, fn, (state, state.params if with_ref else None, batch), train + ref,
                     train + ref + _recomputed(trained, 2 * c.batch_size, seq),
-                    2 * c.batch_size * seq, {"policy": (3, True), "reference": (1, False)},
+                    2 * c.batch_size * seq, passes,
                     plan(2 * c.batch_size, r_len, model=trained)["train_step"]
-                    + _per_chip(state.params)))
+                    + (_per_chip(state.params) if with_ref else 0)))
 
   c = config.ppo
   ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
@@ -609,7 +614,7 @@ def mesh_candidates(config: Any, cfg: ModelConfig, chips: int) -> list[dict[str,
   """The (data, fsdp, tensor) shapes of `chips` devices that every batch of the config divides
   over (tensor at most 8: it stays inside a host)."""
   batches = [config.sft.batch_size, config.rm.batch_size, config.dpo.batch_size,
-             config.ppo.rollout_batch, config.rm.eval_batch_size]
+             config.simpo.batch_size, config.ppo.rollout_batch, config.rm.eval_batch_size]
   out = []
   for t in (1, 2, 4, 8):
     if chips % t or cfg.n_heads % t:
