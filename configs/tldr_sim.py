@@ -100,11 +100,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       weight_fluency=(0.5, 1.5), length_bias=(0.0, 0.02), position_bias=(-0.5, 0.5),
       temperature=(0.05, 0.15)))
 
-  # Preference data: SFT sample pairs at temperature 1.0 on the PREF split (training) and the
-  # validation split (held out), compared by `annotator` (train_pool | eval_pool | single | gold |
-  # rm | file:PATH); or, with `comparisons` naming a TFDS comparisons dataset (openai_comparisons),
-  # human comparisons copied from it instead.
-  c.label = dict(annotator="train_pool", num_pairs=4000, num_val_pairs=512, temperature=1.0,
+  # Preference data: SFT sample pairs at `temperature` (0.7, Stiennon et al.'s; at 1.0 the SFT
+  # model's own disfluent samples let its likelihood judge as well as a reward model:
+  # docs/research/world_v2.md) on the PREF split (training) and the validation split (held out),
+  # compared by `annotator` (train_pool | eval_pool | single | gold | rm | file:PATH); or, with
+  # `comparisons` naming a TFDS comparisons dataset (openai_comparisons), human comparisons copied
+  # from it instead.
+  c.label = dict(annotator="train_pool", num_pairs=4000, num_val_pairs=512, temperature=0.7,
                  top_k=0, top_p=1.0, batch_size=64, report_draws=4, comparisons="")
 
   # Human labels from the labeling site (tasks label_load, label_user, label_server, label_export;

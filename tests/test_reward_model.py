@@ -192,7 +192,7 @@ def test_pipeline_writes_comparisons_model_and_report(pipeline_run):
   valid = records.read_strict(f"{workdir}/label/valid.jsonl", "openai")
   assert len(train) == config.label.num_pairs and len(valid) == config.label.num_val_pairs
   assert {c.split for c in train} == {"train"} and {c.annotator for c in train} == {"train_pool"}
-  assert all(c.id.startswith("sim-") and c.policy_a == "sft-t1" for c in train)
+  assert all(c.id.startswith("sim-") and c.policy_a == "sft-t0.7" for c in train)
   with open(f"{workdir}/label/annotators.json") as f:
     pools = json.load(f)
   assert pools["gold"]["gold_agreement"] == 1.0 and pools["gold"]["variance"] == 0.0
@@ -228,7 +228,7 @@ def test_rerun_reuses_and_refuses_changed_settings(pipeline_run):
   again = main.run(again, workdir)  # Everything exists: nothing is retrained or relabelled.
   assert again["accuracy"] == report["accuracy"] and again["probes"] == report["probes"]
   changed = config.copy_and_resolve_references()
-  changed.label.temperature = 0.7
+  changed.label.temperature = 1.0
   with pytest.raises(ConfigError, match="label"):
     main.run(changed, workdir)
   changed = config.copy_and_resolve_references()

@@ -4,7 +4,9 @@
 
 - coverage (0..1): weighted share of the key facts mentioned — the relation (1.0), the poster's and
   the other party's age+gender (0.5 each, the other's being the token right after the relation word),
-  the duration (0.5, when there is one), each event (1.0), the feeling (0.5) and the question (0.75).
+  the duration (0.5, when there is one), the main problem (2.0: the post's most severe event,
+  `Situation.main_event`; a side complaint earns nothing but costs its words), the feeling (0.5) and
+  the question the post asks (0.75; a generic "What should I do?" is not it).
   Matching is on lowercased words with inflections, so word order and paraphrase are tolerated.
 - accuracy: WRONG_FACT for each wrong fact (a relation, event or feeling not in the situation, an age
   or number not in it, a swapped age) and DISTRACTOR for each irrelevant detail (job, pet, city, hobby).
@@ -12,8 +14,9 @@
 - fluency: REPEAT per repeated word trigram (at most MAX_REPEAT), OOV times the share of words the
   world never writes, NO_END when the summary does not end with . ! or ?.
 
-The reference scores 1.0. Length, repetition and keyword stuffing never raise the total once the facts
-are covered, so a learned reward model that likes them can be over-optimised against this one.
+The ideal reference (`world.ideal_reference`) scores 1.0, people's references about 0.7. Length,
+repetition and keyword stuffing never raise the total once the facts are covered, so a learned
+reward model that likes them can be over-optimised against this one.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.simulated import world
 
-WEIGHTS = {"relation": 1.0, "poster": 0.5, "other": 0.5, "duration": 0.5, "event": 1.0,
+WEIGHTS = {"relation": 1.0, "poster": 0.5, "other": 0.5, "duration": 0.5, "main_event": 2.0,
            "feeling": 0.5, "question": 0.75}
 WRONG_FACT = 0.25
-DISTRACTOR = 0.1
+DISTRACTOR = 0.2
 WORD_BUDGET = 30
 PER_EXTRA_WORD = 0.02
 REPEAT = 0.1
@@ -88,9 +91,8 @@ def gold_components(situation: world.Situation | None, summary: str) -> dict[str
     n, unit = s.duration.split()
     facts["duration"] = n in words and _has_any(words, (unit, unit.rstrip("s")))
     weights["duration"] = WEIGHTS["duration"]
-  for e in s.events:
-    facts[f"event:{e}"] = _event_mentioned(words, e)
-    weights[f"event:{e}"] = WEIGHTS["event"]
+  facts["main_event"] = _event_mentioned(words, s.main_event)
+  weights["main_event"] = WEIGHTS["main_event"]
   coverage = sum(weights[k] for k, v in facts.items() if v) / sum(weights.values())
 
   wrong += sum(1 for w, r in _RELATION_WORDS.items() if w in words and r != s.relation)

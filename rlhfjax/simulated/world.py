@@ -1,10 +1,11 @@
 """The simulated TL;DR world: Reddit-style advice posts generated from latent situations.
 
 A `Situation` holds the facts a good summary must carry — who posts (age, gender), the other party
-(relation, age, gender), how long they have known each other, one or two problem events, how the poster
-feels and what they ask — plus distractor details (job, pet, city, hobby) that a summary should leave
-out. It is rendered as a subreddit, a (usually vague) title, a post of 5–9 sentences whose first ones
-are background or chatter, and a reference TL;DR in a few concise templates.
+(relation, age, gender), how long they have known each other, the main problem (the most severe of
+the post's events; often a side complaint beside it), how the poster feels and what they ask — plus
+distractor details (job, pet, city, hobby) that a summary should leave out. It is rendered as a
+subreddit, a (usually vague) title, a post of 5–9 sentences whose first ones are background or
+chatter, and a reference TL;DR as people write them (`HUMAN_NOISE`).
 
 Example `i` of seed `s` is a pure function of `(s, i)`, so splits are disjoint index ranges and any
 slice can be regenerated. Every word the world can write is listed by `vocabulary()`, which the gold
@@ -159,6 +160,14 @@ EVENTS: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], tuple[tuple[str, 
                (("guests",),)),
 }
 
+# How much each event matters to the poster, mildest first: a fixed property a reader weighs. A
+# post's main problem is its most severe event; the others are side complaints (`Situation.main_event`).
+SEVERITY: tuple[str, ...] = (
+    "dishes", "loud_music", "games", "chores", "guests", "eats_food", "overtime", "cancels_plans",
+    "forgot_birthday", "compares", "weight", "ignores_me", "gossips", "no_rent", "borrowed",
+    "denied_raise", "graduation", "wedding", "reads_texts", "drinks", "yells", "ex", "flirts",
+    "took_credit", "secret", "lied_money", "fire_threat", "cheated")
+
 FEELINGS = ("hurt", "angry", "confused", "betrayed", "anxious", "sad", "frustrated", "exhausted")
 _FEELING_POST = ("I feel so {f} right now.", "Honestly I am really {f} about all of this.",
                  "I'm {f} and I don't know what to think.", "I have been feeling {f} all week.")
@@ -174,6 +183,11 @@ QUESTIONS: dict[str, tuple[dict[str, str] | str, tuple[str, ...]]] = {
     "talk": ("How do I talk to {him} about it?", ("talk",)),
     "overreacting": ("Am I overreacting?", ("overreacting",)),
 }
+# What people ask when they do not restate the post's own question (no word of `QUESTIONS`).
+GENERIC_QUESTIONS = ("What should I do?", "Any advice?", "What do I do now?")
+# Sentences people open a TL;DR with that carry no fact.
+FILLER = ("Long story short.", "It has been a rough few weeks.", "Not sure what to do anymore.")
+TWO_EVENTS = 0.75  # The share of posts with a side complaint beside the main problem.
 _QUESTION_POST = ("{q}", "What should I do? {q}", "{q} Any advice is welcome.",
                   "I need advice. {q}")
 
@@ -216,6 +230,11 @@ class Situation:
   def category(self) -> str:
     return RELATIONS[self.relation][0]
 
+  @property
+  def main_event(self) -> str:
+    """The post's main problem: its most severe event (`SEVERITY`)."""
+    return max(self.events, key=SEVERITY.index)
+
 
 def _fill(text: str, gender: str, **kw: str) -> str:
   return text.format(**_PRONOUNS[gender], **kw)
@@ -245,7 +264,7 @@ def sample_situation(rng: np.random.Generator) -> Situation:
     n = int(rng.integers(2, 12))
     duration = f"{n} months" if rng.random() < 0.4 else f"{n} years"
   pool = [e for e, spec in EVENTS.items() if category in spec[0]]
-  n_events = 1 + int(rng.random() < 0.5)
+  n_events = 1 + int(rng.random() < TWO_EVENTS)
   events = tuple(pool[i] for i in rng.choice(len(pool), n_events, replace=False))
   kinds = list(DISTRACTORS)
   picked = rng.choice(len(kinds), int(rng.integers(1, 4)), replace=False)
@@ -278,16 +297,32 @@ def _background(s: Situation, rng: np.random.Generator) -> str:
   return forms[rng.integers(len(forms))]
 
 
-# How often a human-written reference leaves out (or, for a distractor, adds) each detail, at
-# `reference_noise=1`. Real TL;DRs vary like this; it is what leaves room above supervised learning.
-HUMAN_NOISE = {"feeling": 0.25, "question": 0.25, "poster_age": 0.2, "second_event": 0.2,
-               "distractor": 0.2}
+# How people's TL;DRs differ from the ideal one, at `reference_noise=1` (each probability is scaled by
+# it). They are good summaries but not gold-optimal on every axis, and not in a way that makes the
+# better choice the likelier one: a side complaint is mentioned beside the main problem (`both`) or
+# instead of it (`side_only`), the specific question becomes a generic one, a filler sentence or a
+# distractor is added, the feeling or the poster's age left out. What the gold reward weighs is then
+# not what the supervised model's likelihood prefers, and length is not coverage: it is what
+# comparisons teach beyond imitation (Stiennon et al. 2020, Table 20).
+HUMAN_NOISE = {"both": 0.45, "side_only": 0.2, "generic_question": 0.55, "filler": 0.4,
+               "distractor": 0.5, "feeling": 0.5, "poster_age": 0.4}
+
+
+_DROPPED = ("generic_question", "filler", "distractor", "feeling", "poster_age")
 
 
 def _reference(s: Situation, rng: np.random.Generator, noise: float) -> str:
-  """A TL;DR in one of a few templates; with `noise` > 0 some details go missing, as people write."""
-  drop = {k: rng.random() < noise * p for k, p in HUMAN_NOISE.items()}
-  kept = s.events[:1] if drop["second_event"] else s.events
+  """A TL;DR in one of a few templates; with `noise` > 0 it departs from the ideal as people do."""
+  u, *draws = rng.random(6)
+  main = s.main_event
+  side = [e for e in s.events if e != main]
+  if side and u < noise * HUMAN_NOISE["side_only"]:
+    kept = side
+  elif side and u < noise * (HUMAN_NOISE["side_only"] + HUMAN_NOISE["both"]):
+    kept = list(s.events)
+  else:
+    kept = [main]
+  drop = {k: x < noise * HUMAN_NOISE[k] for k, x in zip(_DROPPED, draws)}
   events = " and ".join(_fill(EVENTS[e][1], s.other_gender) for e in kept)
   me = "" if drop["poster_age"] else " " + _age(s.poster_age, s.poster_gender)
   them = _age(s.other_age, s.other_gender)
@@ -298,12 +333,13 @@ def _reference(s: Situation, rng: np.random.Generator, noise: float) -> str:
     forms = (f"My{me} {s.relation} {them}{of} {events}. I feel {s.feeling}.",
              f"I{me} feel {s.feeling} because my {s.relation} {them}{of} {events}.",
              f"My {s.relation} {them}{of} {events} and I{me} feel {s.feeling}.")
-  parts = [forms[rng.integers(len(forms))]]
+  parts = [FILLER[rng.integers(len(FILLER))]] if drop["filler"] else []
+  parts.append(forms[rng.integers(len(forms))])
   if drop["distractor"]:
     kind, value = s.distractors[0]
     parts.append(_DISTRACTOR_REF[kind].format(x=value))
-  if not drop["question"]:
-    parts.append(question_text(s))
+  parts.append(GENERIC_QUESTIONS[rng.integers(len(GENERIC_QUESTIONS))]
+               if drop["generic_question"] else question_text(s))
   return " ".join(parts)
 
 
@@ -312,7 +348,8 @@ _DISTRACTOR_REF = {"job": "I am a {x}.", "pet": "I have a pet named {x}.", "city
 
 
 def ideal_reference(example: pipeline.Tldr) -> str:
-  """The reference a careful writer would give: every key fact, nothing else (gold 1.0)."""
+  """The reference a careful writer would give: every key fact of the main problem, its own
+  question, nothing else (gold 1.0)."""
   return _reference(example.situation, np.random.default_rng(0), 0.0)
 
 
@@ -415,7 +452,7 @@ def repeat_text(example: pipeline.Tldr) -> str:
 def _texts() -> list[str]:
   """Every template and value the world draws words from."""
   out = list(_OPENINGS) + list(_TITLES) + list(_FEELING_POST) + list(_QUESTION_POST) + list(FEELINGS)
-  out += list(_DISTRACTOR_REF.values())
+  out += list(_DISTRACTOR_REF.values()) + list(GENERIC_QUESTIONS) + list(FILLER)
   out += list(RELATIONS) + [s for spec in RELATIONS.values() for s in spec[2]]
   for cats, ref, posts, _ in EVENTS.values():
     out += [ref, *posts]

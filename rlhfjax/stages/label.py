@@ -1,6 +1,6 @@
 """task=label: sample response pairs from the SFT policy and have an annotator compare them.
 
-Two responses per post are sampled at `label.temperature` (1.0, as in AlpacaFarm) on the PREF split
+Two responses per post are sampled at `label.temperature` (0.7, as Stiennon et al. sampled the pairs they labelled) on the PREF split
 (training pairs) and on the validation split (held-out pairs), labelled by `label.annotator`, and
 written as comparison files `<workdir>/label/{train,valid}.jsonl` — in OpenAI's layout for TL;DR
 posts, in AlpacaFarm's for instructions (`rm.layout` must name it, as task=rm reads them). Beside them,
