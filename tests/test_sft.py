@@ -47,7 +47,7 @@ def test_response_nll_counts_summary_tokens_only():
 
 
 def test_sft_loss_falls(tmp_path, tiny_config):
-  tiny_config.sft.update(steps=40, lr=3e-3, eval_every=40)
+  tiny_config.sft.update(steps=60, lr=3e-3, eval_every=60)
   exp = experiment.prepare(tiny_config, str(tmp_path))
   val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"], 128, 32)
   init_params = transformer.init(jax.random.split(jax.random.key(tiny_config.seed))[0], exp.model)
@@ -56,7 +56,7 @@ def test_sft_loss_falls(tmp_path, tiny_config):
   after = sft.response_nll(state.params, val, exp.model)
   assert float(after[0] / after[1]) < 0.7 * float(before[0] / before[1])
   logged = metrics.read_jsonl(str(tmp_path / "sft" / "metrics.jsonl"))
-  assert logged[40]["val/loss"] < logged[2]["train/loss"]
+  assert logged[60]["val/loss"] < logged[2]["train/loss"]
 
 
 _KILL_AT_STEP_8 = """

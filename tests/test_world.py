@@ -101,10 +101,10 @@ def test_length_and_stuffing_do_not_pay():
 def test_components_hand_worked():
   s = world.Situation(24, "F", "boyfriend", 26, "M", "2 years", ("forgot_birthday",), "hurt",
                       "end", (("pet", "milo"),))
-  # Relation 1, ages 0.5 + 0.5, duration 0.5, the main (only) event 1.5 and the question 0.75; the
-  # feeling (0.5 of 5.25) is missing.
+  # Relation 1, ages 0.5 + 0.5, duration 0.5, the main (only) event 2.0 and the question 0.75; the
+  # feeling (0.5 of 5.75) is missing.
   c = gold.gold_components(s, "My (24F) boyfriend (26M) of 2 years forgot my birthday. Should I break up?")
-  assert c["coverage"] == pytest.approx(4.75 / 5.25)
+  assert c["coverage"] == pytest.approx(5.25 / 5.75)
   assert c["accuracy"] == 0 and c["fluency"] == 0 and c["conciseness"] == 0
   assert c["wrong_facts"] == 0 and c["irrelevant_details"] == 0
   # Swapped ages: both age facts wrong (two wrong facts), a wrong relation word, a distractor.
@@ -116,7 +116,7 @@ def test_components_hand_worked():
 
 def test_the_main_problem_and_the_question_asked():
   """Cheating outranks the dishes (`world.SEVERITY`): a summary of the side complaint alone misses
-  the main problem (1.5 of 5.25) and mentioning it beside the main one earns nothing; a generic
+  the main problem (2.0 of 5.75) and mentioning it beside the main one earns nothing; a generic
   question is not the one the post asks (0.75)."""
   s = world.Situation(30, "M", "wife", 29, "F", "4 years", ("dishes", "cheated"), "betrayed",
                       "end", (("city", "boston"),))
@@ -126,12 +126,15 @@ def test_the_main_problem_and_the_question_asked():
   assert full["coverage"] == 1.0 and full["total"] == 1.0
   side = gold.gold_components(s, facts.format("leaves dirty dishes everywhere",
                                               "Should I ask for a divorce?"))
-  assert side["coverage"] == pytest.approx(3.75 / 5.25) and side["wrong_facts"] == 0
+  assert side["coverage"] == pytest.approx(3.75 / 5.75) and side["wrong_facts"] == 0
   both = gold.gold_components(
       s, facts.format("cheated on me and leaves dirty dishes everywhere", "Should I ask for a divorce?"))
   assert both["coverage"] == 1.0 and both["total"] == 1.0  # 24 words: within the budget.
   filler = gold.gold_components(s, "Long story short. " + facts.format(
       "cheated on me and leaves dirty dishes everywhere", "Should I ask for a divorce?"))
-  assert filler["conciseness"] == pytest.approx(-3 * gold.PER_EXTRA_WORD)  # 27 words.
+  assert filler["total"] == 1.0  # 27 words: filler costs nothing within the 30-word budget...
+  longer = gold.gold_components(s, "Long story short. " + facts.format(
+      "cheated on me and leaves dirty dishes everywhere", "Should I ask for a divorce? What should I do?"))
+  assert longer["conciseness"] == pytest.approx(-gold.PER_EXTRA_WORD)  # ...and 31 words cost one.
   generic = gold.gold_components(s, facts.format("cheated on me", "What should I do?"))
-  assert generic["coverage"] == pytest.approx(4.5 / 5.25)
+  assert generic["coverage"] == pytest.approx(5.0 / 5.75)
