@@ -308,12 +308,13 @@ HUMAN_NOISE = {"both": 0.45, "side_only": 0.2, "generic_question": 0.55, "filler
                "distractor": 0.5, "feeling": 0.5, "poster_age": 0.4}
 
 
-_DROPPED = ("generic_question", "filler", "distractor", "feeling", "poster_age")
+# The departures drawn independently of each other and of which events are kept.
+_DEPARTURES = ("generic_question", "filler", "distractor", "feeling", "poster_age")
 
 
 def _reference(s: Situation, rng: np.random.Generator, noise: float) -> str:
   """A TL;DR in one of a few templates; with `noise` > 0 it departs from the ideal as people do."""
-  u, *draws = rng.random(6)
+  u, *draws = rng.random(1 + len(_DEPARTURES))
   main = s.main_event
   side = [e for e in s.events if e != main]
   if side and u < noise * HUMAN_NOISE["side_only"]:
@@ -322,24 +323,24 @@ def _reference(s: Situation, rng: np.random.Generator, noise: float) -> str:
     kept = list(s.events)
   else:
     kept = [main]
-  drop = {k: x < noise * HUMAN_NOISE[k] for k, x in zip(_DROPPED, draws)}
+  departs = {k: x < noise * HUMAN_NOISE[k] for k, x in zip(_DEPARTURES, draws)}
   events = " and ".join(_fill(EVENTS[e][1], s.other_gender) for e in kept)
-  me = "" if drop["poster_age"] else " " + _age(s.poster_age, s.poster_gender)
+  me = "" if departs["poster_age"] else " " + _age(s.poster_age, s.poster_gender)
   them = _age(s.other_age, s.other_gender)
   of = f" of {s.duration}" if s.duration else ""
-  if drop["feeling"]:
+  if departs["feeling"]:
     forms = (f"My{me} {s.relation} {them}{of} {events}.",)
   else:
     forms = (f"My{me} {s.relation} {them}{of} {events}. I feel {s.feeling}.",
              f"I{me} feel {s.feeling} because my {s.relation} {them}{of} {events}.",
              f"My {s.relation} {them}{of} {events} and I{me} feel {s.feeling}.")
-  parts = [FILLER[rng.integers(len(FILLER))]] if drop["filler"] else []
+  parts = [FILLER[rng.integers(len(FILLER))]] if departs["filler"] else []
   parts.append(forms[rng.integers(len(forms))])
-  if drop["distractor"]:
+  if departs["distractor"]:
     kind, value = s.distractors[0]
     parts.append(_DISTRACTOR_REF[kind].format(x=value))
   parts.append(GENERIC_QUESTIONS[rng.integers(len(GENERIC_QUESTIONS))]
-               if drop["generic_question"] else question_text(s))
+               if departs["generic_question"] else question_text(s))
   return " ".join(parts)
 
 
