@@ -33,12 +33,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.format.update(prompt_len=1536, response_len=512)
   # FSDP over the whole slice; task=compile with --config.mesh.auto=True tries the other shapes.
   c.mesh.update(data=1, fsdp=-1, tensor=1)
-  # Global batches (sequences; rm, dpo and simpo count pairs).
+  # Global batches (sequences; rm, dpo and simpo count pairs, kto responses).
   c.sft.update(batch_size=64, lr=1e-5, warmup_steps=50)
   c.rm.update(batch_size=32, eval_batch_size=64, lr=5e-6, likelihood_weight=0.0,
               head_init_scale=1.0)
   c.dpo.update(batch_size=32, lr=5e-7)
   c.simpo.update(batch_size=32, lr=5e-7)  # In the 3e-7 to 1e-6 the SimPO authors grid at 7-8B.
+  c.kto.update(batch_size=64, lr=1e-6)  # TRL's KTOConfig default: its ceiling for beta 0.1.
   c.ppo.update(rollout_batch=64, minibatch_size=16, epochs=2, lr=1e-6, frozen_dtype="bfloat16")
   c.best_of_n.update(batch_size=64)
   c.compile.topology = "v5p:2x2x2"

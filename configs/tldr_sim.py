@@ -105,9 +105,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # docs/research/world_v2.md) on the PREF split (training) and the validation split (held out),
   # compared by `annotator` (train_pool | eval_pool | single | gold | rm | file:PATH); or, with
   # `comparisons` naming a TFDS comparisons dataset (openai_comparisons), human comparisons copied
-  # from it instead.
+  # from it instead. protocol: 'pairs' (the comparisons above, train.jsonl and valid.jsonl) |
+  # 'binary' (thumbs up or down for KTO: one sample per post, num_pairs and num_val_pairs posts,
+  # desirable when `annotator` prefers it to the post's reference summary; binary_train.jsonl and
+  # binary_valid.jsonl in the binary layout, beside the pairs).
   c.label = dict(annotator="train_pool", num_pairs=4000, num_val_pairs=512, temperature=0.7,
-                 top_k=0, top_p=1.0, batch_size=64, report_draws=4, comparisons="")
+                 top_k=0, top_p=1.0, batch_size=64, report_draws=4, comparisons="",
+                 protocol="pairs")
 
   # Human labels from the labeling site (tasks label_load, label_user, label_server, label_export;
   # docs/labeling.md). protocol: stiennon (9-point preference + 1-7 ratings of each summary) |
@@ -258,13 +262,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # with optional label smoothing. beta 2.0 and gamma_beta_ratio 0.5: the SimPO repository's
   # recommended start (its README; Llama3-Base used exactly these). Optimiser settings as DPO's.
   c.simpo = dict(c.dpo, loss_type="simpo", beta=2.0, gamma_beta_ratio=0.5)
+  # KTO (Ethayarajh et al. 2024; task=kto) on binary feedback, from and against the SFT policy.
+  # With r = log pi(y|x) - log pi_ref(y|x) and z0 = max(0, the batch mean of that log-ratio on
+  # mismatched pairs, each prompt with the previous row's response), no gradient through z0:
+  # desirable_weight * (1 - sigmoid(beta (r - z0))) for a desirable response,
+  # undesirable_weight * (1 - sigmoid(beta (z0 - r))) for an undesirable one, averaged.
+  # beta 0.1, both weights 1.0: TRL's KTOConfig. The paper's Eq. 8 wants desirable_weight x
+  # desirable / (undesirable_weight x undesirable) in [1, 4/3]; the run says when it is not.
+  # feedback: 'pairs' (the comparison files of task=rm: each chosen response desirable, each
+  # rejected one undesirable, as in the paper's experiments) | 'binary' (a binary-layout file:
+  # train_file, '' for task=label's with label.protocol=binary). batch_size counts responses: 64,
+  # the sequences of DPO's 32 pairs, in as many steps; the optimiser as DPO's.
+  c.kto = dict(beta=0.1, desirable_weight=1.0, undesirable_weight=1.0, feedback="pairs",
+               train_file="", batch_size=64, epochs=1.0, lr=1e-4, warmup_steps=10,
+               schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0,
+               grad_clip=1.0, skip_nonfinite=0, log_every=10)
 
   # task=compile: lower and compile every step of `steps` for each TPU slice of `topology`
   # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip
   # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
   # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
   c.compile = dict(topology="",
-                   steps="sft,rm,dpo,simpo,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
+                   steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
   # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
@@ -307,7 +326,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.grpo.update(k=4, minibatch_size=4)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
-    for block in (c.dpo, c.simpo):
+    for block in (c.dpo, c.simpo, c.kto):
       block.update(batch_size=8, warmup_steps=1, log_every=2)
     c.quark.update(rounds=2, prompts_per_round=16, sample_batch_size=8, num_bins=4,
                    steps_per_round=2, batch_size=4)

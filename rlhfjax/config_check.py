@@ -35,7 +35,7 @@ _BY_NAME: dict[str, Rule] = {
                      "num_val_pairs", "norm_examples", "probe_examples", "bootstrap",
                      "likelihood_weight", "head_dim", "rank", "every", "vf_coef", "sft",
                      "pref", "unlabeled", "validation", "test", "eval_batches", "beta",
-                     "gamma_beta_ratio"),
+                     "gamma_beta_ratio", "desirable_weight", "undesirable_weight"),
                     _NON_NEGATIVE),
     **dict.fromkeys(("end_lr_frac", "flip_rate", "gamma", "lam", "top_p"), _UNIT),
     **dict.fromkeys(("b1", "b2", "dropout"), _BELOW_ONE),
@@ -48,6 +48,7 @@ _BY_PATH: dict[str, Rule] = {
     "top_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "dpo.beta": _POSITIVE,  # IPO divides by it; GRPO's beta (a KL weight) may be 0.
     "simpo.beta": _POSITIVE,
+    "kto.beta": _POSITIVE,
     "online_dpo.beta": _POSITIVE,
     "distributed.num_processes": _POSITIVE,
     "distributed.process_id": _NON_NEGATIVE,

@@ -28,6 +28,7 @@ from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import expert_iteration
 from rlhfjax.algorithms import feedme
 from rlhfjax.algorithms import grpo
+from rlhfjax.algorithms import kto
 from rlhfjax.algorithms import online_dpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import quark
@@ -82,6 +83,7 @@ TASKS: dict[str, Callable] = {
     "expert_iteration": expert_iteration.run,
     "dpo": dpo.run,
     "simpo": lambda config, workdir: dpo.run(config, workdir, "simpo"),  # dpo.py, config.simpo.
+    "kto": kto.run,
     "feedme": feedme.run,
     "reward_conditioning": reward_conditioning.run,
     "quark": quark.run,
@@ -97,7 +99,8 @@ TASKS: dict[str, Callable] = {
 TASK_HELP = {
     "pipeline": "run config.stages in order (the default of most shipped configs)",
     "sft": "supervised fine-tuning on the reference answers, then its report",
-    "label": "sample SFT pairs and label them with config.label.annotator (comparison files)",
+    "label": "sample SFT pairs and label them with config.label.annotator (comparison files; "
+             "label.protocol=binary: one sample each, thumbs up or down)",
     "label_load": "queue pairs for people to label (labeling.source)",
     "label_user": "create a labeler and print a one-time sign-in link",
     "label_server": "serve the labeling site",
@@ -112,6 +115,7 @@ TASK_HELP = {
     "expert_iteration": "fine-tune on the best of n samples",
     "dpo": "direct preference optimisation on the comparison files",
     "simpo": "SimPO: reference-free, length-normalised preference optimisation on those files",
+    "kto": "KTO: binary feedback (desirable or not), the comparison files split or a binary file",
     "feedme": "binary FeedME: fine-tune on the preferred responses",
     "reward_conditioning": "binary reward conditioning: positive/negative control codes",
     "quark": "Quark: rounds of sampling, keeping the top reward quantile, fine-tuning on it",

@@ -1,5 +1,5 @@
-"""Runs SFT, reward-model, PPO, DPO, SimPO, RLOO, GRPO, REINFORCE++ and online DPO training steps on
-meshes of 8 forced CPU devices and writes, per mesh, the losses and final parameters
+"""Runs SFT, reward-model, PPO, DPO, SimPO, KTO, RLOO, GRPO, REINFORCE++ and online DPO training
+steps on meshes of 8 forced CPU devices and writes, per mesh, the losses and final parameters
 (`<out>/<mesh>.npz`) and byte counts (`<out>/bytes.json`). Every algorithm runs on one device and
 on the mesh that uses all three axes (2x2x2); pure data parallelism runs SFT and PPO, pure FSDP SFT
 (the suite's time is shared).
@@ -24,7 +24,7 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlhfjax.algorithms import dpo, grpo, online_dpo, ppo, reinforce_pp  # noqa: E402
+from rlhfjax.algorithms import dpo, grpo, kto, online_dpo, ppo, reinforce_pp  # noqa: E402
 from rlhfjax.algorithms import reward_model, rloo, sft  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
 from rlhfjax.models import heads, sampling, transformer  # noqa: E402
@@ -36,7 +36,8 @@ from rlhfjax.stages import memory  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
-ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "rloo", "grpo", "reinforce_pp", "online_dpo")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "kto", "rloo", "grpo", "reinforce_pp",
+              "online_dpo")
 MESHES = {(1, 1, 1): ALGORITHMS, (2, 2, 2): ALGORITHMS, (8, 1, 1): ("sft", "ppo"),
           (1, 8, 1): ("sft",)}
 CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
@@ -58,6 +59,7 @@ PPO = ml_collections.ConfigDict(dict(
 DPO = ml_collections.ConfigDict(dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0))
 SIMPO = ml_collections.ConfigDict(dict(beta=2.0, gamma_beta_ratio=0.5, loss_type="simpo",
                                        label_smoothing=0.0))
+KTO = ml_collections.ConfigDict(dict(beta=0.5, desirable_weight=1.0, undesirable_weight=0.8))
 ONLINE = dict(temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True)
 CRITIC_FREE = {
     "rloo": (rloo, ml_collections.ConfigDict(dict(
@@ -75,7 +77,8 @@ CRITIC_FREE = {
 
 
 def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
-  """STEPS batches with left-padded prompts, responses ending at an eos, and a rejected twin."""
+  """STEPS batches with left-padded prompts, responses ending at an eos, a rejected twin, and
+  KTO's labels (two of three rows desirable)."""
   out = []
   for _ in range(STEPS):
     # Groups of 4 rows share a prompt (so groups of 2 do too), as the rollout engine lays them out.
@@ -90,7 +93,7 @@ def batches(rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
     out.append({"prompt": prompt * prompt_mask,
                 "prompt_mask": prompt_mask, "response": response, "response_mask": response_mask,
                 "chosen": response, "chosen_mask": response_mask, "rejected": rejected,
-                "rejected_mask": response_mask})
+                "rejected_mask": response_mask, "label": np.arange(B) % 3 != 0})
   return out
 
 
@@ -159,6 +162,15 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
       state, m = step(state, None, rows(d, pair_keys))
       losses.setdefault("simpo", []).append(float(m["train/loss"]))
     params["simpo"] = to_host(state.params)
+
+  if "kto" in algorithms:  # From and against the reference, on single labelled responses.
+    state, sh = par.train_state(fresh, policy_axes, tx, ref)
+    step = par.jit(functools.partial(kto.train_step, cfg=CFG, c=KTO, tx=tx),
+                   (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+    for d in data:
+      state, m = step(state, ref, rows(d, lm_keys + ("label",)))
+      losses.setdefault("kto", []).append(float(m["train/loss"]))
+    params["kto"] = to_host(state.params)
 
   # The critic-free online methods: policy {'policy'} from the reference, frozen reward model.
   for name, (module, c) in CRITIC_FREE.items():

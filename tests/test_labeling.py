@@ -4,6 +4,7 @@ assignment rules, the HTTP routes and their security, the report and the export 
 import dataclasses
 import itertools
 import json
+import math
 import re
 import sqlite3
 import time
@@ -30,6 +31,7 @@ from conftest import load_config  # noqa: E402
 STIENNON = protocols.get("stiennon")
 ALPACA = protocols.get("alpacafarm")
 ADVICE = protocols.get("turing_advice")
+BINARY = protocols.get("binary")
 XSS = '<script>alert("x")</script><img src=x onerror=alert(1)>'
 SQLI = "'); DROP TABLE labels; --"
 
@@ -77,6 +79,15 @@ def test_alpacafarm_and_turing_advice_choices(swapped):
     turing_advice.Judgement(int(label.preference), label.extra["helpfulness"],
                             label.extra["follow_up"], label.extra["strength"] == "definitely")
   assert valid == 2 * 2 * 6  # Sides x strength x (helpfulness, its follow-ups).
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+def test_binary_thumbs_store_one_or_zero_whatever_the_swap(swapped):
+  for value, stored in (("up", 1.0), ("down", 0.0)):
+    label = protocols.canonical(BINARY, {"label": value}, swapped)
+    assert (label.preference, label.axes_a, label.axes_b, label.extra) == (stored, None, None, {})
+  with pytest.raises(protocols.InvalidAnswer, match="label: expected one of up, down"):
+    protocols.canonical(BINARY, {"label": "left"}, swapped)
 
 
 @pytest.mark.parametrize("answers, message", [
@@ -207,13 +218,14 @@ def test_database_is_wal_and_private(tmp_path):
 # The site over HTTP.
 
 class Site:
-  """A store with pairs whose every text field is hostile, the app, and signed-in clients."""
+  """A store with pairs (single responses for a one-response protocol) whose every text field is
+  hostile, the app, and signed-in clients."""
 
   def __init__(self, tmp_path, protocol=STIENNON, login_per_minute=100, **settings):
     self.store = store_lib.Store(str(tmp_path / "site.db"), store_lib.Settings(**settings))
     self.store.add_items([pair(i, prompt=f"{XSS} {SQLI} post {i}", title=f"{XSS} title",
                                subreddit=XSS, input=f"{XSS} input", a=f"{XSS} a{i}",
-                               b=f"{SQLI} b{i}")
+                               b="" if protocol.single else f"{SQLI} b{i}")
                           for i in range(4)])
     self.app = server.create_app(self.store, protocol, login_per_minute=login_per_minute)
 
@@ -812,3 +824,120 @@ def test_the_words_that_differ_are_marked_and_escaped(tmp_path):
   assert sorted(text for _, text in texts) == [
       "the <mark>cat</mark> sat on <mark>the</mark> &lt;b&gt;mat&lt;/b&gt;",
       "the <mark>dog</mark> sat on <mark>a</mark> &lt;b&gt;mat&lt;/b&gt;"]
+
+
+# The binary protocol: one response, thumbs up or down, exported in the binary layout.
+
+def single(i: int, gold: float | None = None, split: str = "train") -> dict:
+  prompt = {"id": f"post{i}", "prompt": f"post {i}", "title": f"title {i}", "subreddit": "tifu",
+            "input": ""}
+  return sources.item(prompt, f"summary {i}", "", "sft", "", split, gold=gold)
+
+
+def test_binary_site_shows_one_response_and_exports_binary_feedback(tmp_path):
+  site = Site(tmp_path, BINARY, gold_every=0, k=2)
+  ada, bob, root = site.client("ada"), site.client("bob"), site.client("root", admin=True)
+  html = ada.get("/").text
+  assert 'id="response"' in html and 'id="left"' not in html and 'id="right"' not in html
+  assert "thumbs up: good" in html and "<script>alert" not in html
+  for who, value in ((ada, "up"), (bob, "down"), (ada, "down")):
+    csrf, a = page_ids(who.get("/").text)
+    response = post_label(who, a, csrf, {"label": value}, submission=a)
+    assert response.status_code == 200 and response.json()["status"] == "saved"
+  assert "thumbs up" in ada.get("/mine").text
+  admin = root.get("/admin").text
+  assert "<th>thumbs up</th>" in admin and "prefers left" not in admin
+  assert 'href="/admin/export/binary/train"' in admin and "/admin/export/openai/" not in admin
+  assert root.get("/admin/export/openai/train").status_code == 404
+  got = root.get("/admin/export/binary/train")
+  assert 'filename="train.jsonl"' in got.headers["content-disposition"]
+  path = tmp_path / "train.jsonl"
+  path.write_bytes(got.content)
+  exported = records.read_binary_strict(str(path))
+  stored = {(r["labeler"], r["uid"]): r["preference"] for r in site.store.labels()}
+  assert len(exported) == 3 and {f.annotator for f in exported} == {"ada", "bob"}
+  for f in exported:
+    assert f.label == (stored[(f.annotator, f.extra["item"])] == 1.0)
+    assert f.completion.endswith(("a0", "a1", "a2", "a3")) and f.batch == "labeling round: binary"
+  assert "thumbs up" in root.get("/admin/export/binary/agreement").text
+
+
+def test_binary_report_and_export_hand_worked(tmp_path):
+  """Two labelers on two responses and a gold one: agreement on what both judged, with gold, the
+  share of thumbs up; no position or length figures and no longer-response judge."""
+  s = store_lib.Store(str(tmp_path / "labels.db"), store_lib.Settings(k=2, gold_every=1))
+  s.add_items([single(0), single(1, split="valid"), single(9, gold=1.0)])
+  answers = {"a": {"post0": 1.0, "post1": 1.0, "post9": 1.0},
+             "b": {"post0": 1.0, "post1": 0.0, "post9": 0.0}}
+  for who, mine in answers.items():
+    w = labeler(s, who)
+    while (row := s.next_assignment(w)) is not None:
+      s.submit(w, row["assignment_id"], mine[row["prompt_id"]], {"extra": {}}, {},
+               who + row["prompt_id"], 1.0)
+  js = report.judgements(s.labels(), single=True)
+  assert not any(j.swapped for j in js)  # Whatever the store drew: one response has no sides.
+  stats = report.labelers(js)
+  assert stats["a"]["thumbs_up"] == 1.0 and stats["b"]["thumbs_up"] == 1 / 3
+  assert stats["a"]["agreement_with_others"] == 0.5  # Same on post0, not on post1.
+  assert stats["a"]["agreement_with_gold"] == 1.0 and stats["b"]["agreement_with_gold"] == 0.0
+  assert math.isnan(stats["a"]["prefers_left"]) and math.isnan(stats["a"]["prefers_longer"])
+  names, *_ = report.table(js)
+  assert names == ["a", "b", report.GOLD]
+  assert report.in_pair_order(0.0, {}, single=True) == "thumbs down"
+  out = comparisons.export(s.labels(), str(tmp_path / "out"), records.BINARY, "binary")
+  train = records.read_binary_strict(out["train"])
+  valid = records.read_binary_strict(out["valid"])
+  assert [(f.annotator, f.label) for f in train] == [("a", True), ("b", True)]
+  assert [(f.annotator, f.label, f.split) for f in valid] == [("a", True, "valid1"),
+                                                              ("b", False, "valid1")]
+  assert out["labels"] == out["decisive"] == {"train": 2, "valid": 2}
+  text = open(out["agreement"]).read()
+  assert "| thumbs up |" in text and "prefers left" not in text and report.LONGER not in text
+
+
+def test_binary_load_from_every_source_and_export_for_kto(tiny_pipeline, tmp_path):
+  """label_load under the binary protocol: one method's answers, each response of a comparison
+  file, a binary file, gold from a binary file; label_export writes what task=kto reads."""
+  _, workdir = tiny_pipeline
+  config = load_config("labeling", "tiny")
+  config.labeling.update(db=str(tmp_path / "labels.db"), protocol="binary", valid_fraction=0.0,
+                         gold_every=0)
+  comps = records.read_strict(f"{workdir}/label/train.jsonl", "openai")[:3]
+  feedback = records.unpaired(comps)
+  records.write_binary(str(tmp_path / "gold.jsonl"), feedback[:2])
+  records.write_binary(str(tmp_path / "more.jsonl"), feedback[2:])
+  config.labeling.source = (f"methods:sft;comparisons:{workdir}/label/train.jsonl;"
+                            f"binary:{tmp_path}/more.jsonl")
+  config.labeling.gold_file = str(tmp_path / "gold.jsonl")
+  loaded = sources.load(config, workdir, single=True)
+  assert all(p["response_b"] == "" and p["policy_b"] == "" for p in loaded)
+  with open(f"{workdir}/sft/outputs.json") as f:
+    answers = [o["output"] for o in json.load(f)["outputs"]]
+  texts = [p["response_a"] for p in loaded if p["gold"] is None]
+  pairs = records.read_strict(f"{workdir}/label/train.jsonl", "openai")
+  assert texts == ([a for a in answers if a.strip()] +
+                   [t for c in pairs for t in (c.response_a, c.response_b) if t.strip()] +
+                   [f.completion for f in feedback[2:] if f.completion.strip()])
+  golds = [p for p in loaded if p["gold"] is not None]
+  assert [(p["response_a"], p["gold"]) for p in golds] == [
+      (f.completion, float(f.label)) for f in feedback[:2]]
+  added = tasks.load(config, workdir)["added"]
+  assert 0 < added <= len(loaded)  # A response two sources share is queued once.
+  config.labeling.user = "ada"
+  tasks.user(config, workdir)
+  s, protocol = tasks.open_store(config, workdir)
+  assert protocol is BINARY
+  who = s.read().execute("SELECT id FROM labelers").fetchone()[0]
+  for value in (1.0, 0.0, 1.0):
+    row = s.next_assignment(who)
+    s.submit(who, row["assignment_id"], value, {"extra": {}}, {"label": "x"}, str(value), None)
+  config.labeling.export_dir = str(tmp_path / "export")
+  out = tasks.export(config, workdir)
+  got = records.read_binary_strict(out["train"])
+  assert [(f.annotator, f.label) for f in got] == [("ada", True), ("ada", False), ("ada", True)]
+  assert out["train"].endswith("export/train.jsonl") and out["labels"]["valid"] == 0
+  config.labeling.protocol = "stiennon"
+  config.labeling.db = str(tmp_path / "pairs.db")
+  config.labeling.source = f"binary:{tmp_path}/more.jsonl"
+  with pytest.raises(ConfigError, match="under the stiennon protocol"):
+    tasks.load(config, workdir)

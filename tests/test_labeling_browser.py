@@ -10,9 +10,10 @@ the export and revokes the second labeler. Each answer is checked in the databas
 own A/B order (the page may show a pair swapped). Then label_export and task=rm, as the doc says.
 
 On small databases of their own: markup in every text of a pair (and in a labeler's name) is
-shown as text and never runs, on the labeling page, /mine and /admin; and a label submitted after
+shown as text and never runs, on the labeling page, /mine and /admin; a label submitted after
 the session ended is kept in the browser, not sent for another labeler, and delivered once after
-signing in again.
+signing in again; and the `binary` protocol (one response, thumbs up or down, by mouse and keyboard,
+a revision with `U`) is stored as 1 or 0 and downloaded in the binary layout task=kto reads.
 
 Without selenium, chromium or chromedriver these tests are skipped, unless
 RLHFJAX_REQUIRE_BROWSER=1 (as in CI), which makes them fail instead.
@@ -648,9 +649,11 @@ def test_screenshot(tmp_path, browser, monkeypatch):
 
 class SmallSite:
   """A labeling database of the given pairs (`sources.item` dicts) with its labelers, served by
-  task=label_server in a thread; `link(name)` makes a new sign-in link."""
+  task=label_server in a thread under `protocol`; `link(name)` makes a new sign-in link."""
 
-  def __init__(self, workdir: str, pairs: list[dict], labelers: dict[str, bool], monkeypatch):
+  def __init__(self, workdir: str, pairs: list[dict], labelers: dict[str, bool], monkeypatch,
+               protocol: str = "stiennon"):
+    self.protocol = protocol
     self.port = _free_port()
     self.base = f"http://127.0.0.1:{self.port}"
     self.workdir = workdir
@@ -662,7 +665,7 @@ class SmallSite:
     self.server = Server(self._config("label_server"), workdir, monkeypatch)
 
   def _config(self, task: str):
-    return _config(task, self.port, source="")
+    return _config(task, self.port, source="", protocol=self.protocol)
 
   def link(self, name: str) -> str:
     return f"{self.base}/login#token={self.store.add_labeler(name, self.admin[name], 3600.0)}"
@@ -799,5 +802,71 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     assert _pending(driver, "ada") is None
     _check_label(site.labels, first["assignment"], answers)
     assert len(site.labels.rows()) == 1 and state["checked"] == {}
+  finally:
+    site.stop()
+
+
+def test_binary_protocol_thumbs_up_and_down(tmp_path, browser, monkeypatch):
+  """The binary protocol in Chromium: one response shown, no sides; thumbs up by mouse, thumbs
+  down by keyboard, then `U` turns that one up; each label stored as 1 (up) or 0 (down), /mine
+  in the protocol's words, and the admin's download is binary feedback in the binary layout."""
+  texts = {f"summary {n}" for n in range(3)}
+  items = [sources.item({"id": f"p{n}", "prompt": f"post {n}", "title": f"title {n}",
+                         "subreddit": "tifu", "input": ""}, f"summary {n}", "", "sft", "", "train")
+           for n in range(3)]
+  site = SmallSite(str(tmp_path), items, {"ada": True}, monkeypatch, protocol="binary")
+  try:
+    driver = browser
+    _sign_in(driver, site.links["ada"])
+    first = _wait(driver, lambda s: s["assignment"], "the labeling page")
+    shown = driver.execute_script(
+        "return [document.querySelector('#response .text').textContent, "
+        "document.querySelectorAll('#left, #right, mark').length, "
+        "document.querySelectorAll('fieldset.question').length];")
+    assert shown[0] in texts and shown[1:] == [0, 1]
+    _click(driver, "label", "up")
+    driver.find_element(By.ID, "submit").click()
+    second = _wait(driver, lambda s: s["assignment"] not in (None, first["assignment"]),
+                   "the next response after a mouse submission")
+    assert second["done"] == "1" and second["checked"] == {}
+    _keys(driver, "2", Keys.ENTER)
+    third = _wait(driver, lambda s: s["assignment"] not in (None, second["assignment"]),
+                  "the next response after a keyboard submission")
+    assert site.labels.get(second["assignment"])["preference"] == 0.0
+    _keys(driver, "u")
+    edit = _wait(driver, lambda s: s["path"] == f"/label/{second['assignment']}", "the last label")
+    assert edit["checked"] == {"label": "down"} and "Saved earlier" in edit["status"]
+    _keys(driver, "1", Keys.ENTER)
+    _wait(driver, lambda s: s["path"] == "/" and s["assignment"] == third["assignment"],
+          "the page after a revision")
+    _keys(driver, "2", Keys.ENTER)
+    _wait(driver, lambda s: s["finished"], "the finished page")
+    answered = {first["assignment"]: ("up", 1.0, 0), second["assignment"]: ("up", 1.0, 1),
+                third["assignment"]: ("down", 0.0, 0)}
+    for assignment, (value, preference, revisions) in answered.items():
+      row = site.labels.get(assignment)
+      assert json.loads(row["shown"]) == {"label": value} and row["preference"] == preference
+      assert row["revisions"] == revisions and row["response_b"] == ""
+      assert json.loads(row["answers"]) == {"axes_a": None, "axes_b": None, "extra": {}}
+    driver.get(site.base + "/mine")
+    words = sorted(e.text for e in driver.find_elements(By.CSS_SELECTOR, "#mine tbody tr"))
+    assert sum("thumbs up: good" in w for w in words) == 2
+    assert sum("thumbs down: not good" in w for w in words) == 1
+
+    # The admin's download: the binary layout, one record per label.
+    driver.get(site.base + "/admin")
+    downloads = os.path.join(str(tmp_path), "downloads")
+    os.makedirs(downloads)
+    driver.execute_cdp_cmd("Browser.setDownloadBehavior",
+                           {"behavior": "allow", "downloadPath": downloads})
+    driver.find_element(By.CSS_SELECTOR, 'a[href="/admin/export/binary/train"]').click()
+    target = os.path.join(downloads, "train.jsonl")
+    deadline = time.time() + 20
+    while not os.path.exists(target) and time.time() < deadline:
+      time.sleep(0.1)
+    got = records.read_binary_strict(target)
+    by_text = {row["response_a"]: row["preference"] == 1.0 for row in site.labels.rows()}
+    assert sorted((f.completion, f.label) for f in got) == sorted(by_text.items())
+    assert {f.annotator for f in got} == {"ada"} and {f.policy for f in got} == {"sft"}
   finally:
     site.stop()

@@ -175,3 +175,58 @@ def test_failed_write_keeps_the_old_file(tmp_path, as_array):
     records.write(str(path), [ROUND_TRIP[1], unwritable], "openai", as_array=as_array)
   assert path.read_bytes() == before
   assert os.listdir(tmp_path) == ["c.json"]
+
+
+# Binary feedback: TRL's unpaired preference layout.
+
+BINARY_ROW = {"prompt": "My boyfriend forgot my birthday.", "completion": " He forgot.",
+              "label": True}
+
+
+@pytest.mark.parametrize("name", ["b.jsonl", "b.json"])
+def test_binary_layout_round_trip_and_trl_rows(tmp_path, name):
+  full = records.Feedback(prompt="Name a colour.", completion="7", label=False, annotator="w7",
+                          split="valid1", policy="sft", id="p1", input="Any colour.",
+                          batch="label", extra={"item": "abc"})
+  plain = records.from_binary(BINARY_ROW)
+  assert plain == records.Feedback(prompt=BINARY_ROW["prompt"], completion=" He forgot.",
+                                   label=True)
+  path = str(tmp_path / name)
+  records.write_binary(path, [full, plain])
+  text = open(path, encoding="utf-8").read()
+  rows = json.loads(text) if name.endswith(".json") else [json.loads(l) for l in text.splitlines()]
+  assert rows[1] == BINARY_ROW  # Nothing but TRL's three fields when nothing else is known.
+  assert rows[0]["label"] is False and rows[0]["split"] == "valid1"
+  assert records.read_binary_strict(path) == [full, plain]
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({**BINARY_ROW, "label": 1}, "'label' must be true or false, got 1"),
+    ({**BINARY_ROW, "label": "true"}, "'label' must be true or false, got \"true\""),
+    ({**BINARY_ROW, "label": None}, "'label' must be true or false, got null"),
+    ({"prompt": "p", "completion": "c"}, "missing field 'label'"),
+    ({"prompt": "p", "label": False}, "missing field 'completion'"),
+    ({**BINARY_ROW, "prompt": [{"role": "user", "content": "Hi"}]},
+     "field 'prompt' is a list of messages (TRL's conversational format): give its text"),
+    ({**BINARY_ROW, "completion": 3}, "field 'completion' has type int"),
+])
+def test_binary_layout_is_strict_and_names_the_line(tmp_path, row, reason):
+  path = tmp_path / "feedback.jsonl"
+  _write_lines(path, [json.dumps(BINARY_ROW), json.dumps(row), json.dumps(BINARY_ROW)])
+  got, problems = records.read_binary(str(path))
+  assert len(got) == 2 and problems == [f"{path}:2: {reason}"]
+  with pytest.raises(DataError, match=re.escape(f"{path}:2: {reason}")):
+    records.read_binary_strict(str(path))
+
+
+def test_unpaired_makes_the_chosen_desirable_and_the_rejected_not():
+  c = records.from_openai(OPENAI_ROW)  # choice 1: " Birthday." (policy ref) preferred.
+  chosen, rejected = records.unpaired([c])
+  assert (chosen.completion, chosen.label, chosen.policy) == (" Birthday.", True, "ref")
+  assert (rejected.completion, rejected.label, rejected.policy) == (
+      " He forgot my birthday.", False, "sup2")
+  for f in (chosen, rejected):
+    assert (f.prompt, f.id, f.title, f.subreddit, f.split, f.annotator) == (
+        c.prompt, "t3_abc", "Help", "relationships", "valid1", "w7")
+  with pytest.raises(ValueError, match="ties"):
+    records.unpaired([dataclasses.replace(c, tie=True)])

@@ -86,16 +86,18 @@ class Post(NamedTuple):
   post: str
 
 
-def posts_of(comparisons: Sequence[records.Comparison]) -> list[Post | Instruction]:
-  """The prompt of each comparison: an `Instruction` when it has neither subreddit nor title
-  (AlpacaFarm's layout has no such fields, while every TL;DR record names its subreddit), else a
-  TL;DR `Post`."""
+def posts_of(comparisons: Sequence[records.Comparison | records.Feedback]
+             ) -> list[Post | Instruction]:
+  """The prompt of each comparison (or binary feedback record): an `Instruction` when it has
+  neither subreddit nor title (AlpacaFarm's layout has no such fields, while every TL;DR record
+  names its subreddit), else a TL;DR `Post`."""
   return [Post(c.id, c.subreddit, c.title, c.prompt) if c.subreddit or c.title
           else Instruction(c.id, c.prompt, c.input, "") for c in comparisons]
 
 
 def comparison_prompt(e: Post | Example) -> dict[str, str]:
-  """The `records.Comparison` fields that hold an example's prompt (`posts_of` reads them back)."""
+  """The fields of a `records.Comparison` (or `Feedback`) that hold an example's prompt
+  (`posts_of` reads them back)."""
   if isinstance(e, Instruction):
     return {"id": e.id, "prompt": e.instruction, "input": e.input}
   return {"id": e.id, "prompt": e.post, "title": e.title, "subreddit": e.subreddit}
@@ -144,6 +146,14 @@ def encode_comparisons(tok: tokenizer_lib.Tokenizer, comparisons: Sequence[recor
   return {**encode_prompts(tok, posts_of(comparisons), prompt_len),
           **encode_responses(tok, chosen, response_len, "chosen"),
           **encode_responses(tok, rejected, response_len, "rejected")}
+
+
+def encode_feedback(tok: tokenizer_lib.Tokenizer, feedback: Sequence[records.Feedback],
+                    prompt_len: int, response_len: int) -> Batch:
+  """Prompts with each binary feedback record's `response` and `label` (True: desirable)."""
+  return {**encode_prompts(tok, posts_of(feedback), prompt_len),
+          **encode_responses(tok, [f.completion for f in feedback], response_len),
+          "label": np.array([f.label for f in feedback], bool)}
 
 
 def encode_targets(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | Example],

@@ -1,4 +1,4 @@
-"""Pairwise comparison records, and the two file layouts they travel in.
+"""Feedback records: pairwise comparisons in two file layouts, binary feedback in a third.
 
 One schema for a judgement between two responses to the same prompt, whoever made it (a person, a
 simulated annotator, a reward model). Its two layouts:
@@ -16,7 +16,16 @@ Human labels (`rlhfjax.labeling`) add what their protocol asked: a tie (`choice:
 response is definitely better ... 9 = the second is.
 Bradley–Terry training needs a preferred side: `preferred` refuses ties, so callers drop them.
 
-Either layout is read from JSON Lines (OpenAI's files) or from one JSON array (AlpacaFarm's `.json`
+Binary feedback (`Feedback`, what KTO learns from) judges one response alone: desirable or not (a
+thumbs up or down). Its layout, `binary`, is TRL's unpaired preference format: `prompt` (the post or
+the instruction, as a comparison's `prompt`), `completion`, `label` (true: desirable), all three
+required and of exactly these types (a `label` of 0/1 or "true" is refused, and so is TRL's
+conversational format, whose prompt is a list of messages). Optional `id`, `title`, `subreddit`,
+`input`, `annotator`, `policy`, `split`, `batch` and `extra` carry what a comparison record carries.
+`unpaired` turns comparisons into binary feedback as KTO's paper and TRL do: each pair's chosen
+response desirable, its rejected one undesirable.
+
+Every layout is read from JSON Lines (OpenAI's files) or from one JSON array (AlpacaFarm's `.json`
 files), told apart by the file's first non-whitespace byte (`[`: an array). A malformed record is
 reported as `file:line: reason` (JSON Lines) or `file: record N (index N-1): reason` (an array) and
 skipped; every good record is kept. An array that does not parse as a whole (truncated) is a
@@ -27,6 +36,7 @@ indented JSON array (by default: an array when the path ends in `.json`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rlhfjax.data import jsonl
@@ -186,3 +196,83 @@ def preferred(records: Sequence[Comparison]) -> list[tuple[str, str]]:
     raise ValueError(f"{ties} of the comparisons are ties, which have no chosen response")
   return [((c.response_a, c.response_b) if c.choice == 0 else (c.response_b, c.response_a))
           for c in records]
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+  """One response judged alone: `label` is True when it is desirable (a thumbs up)."""
+
+  prompt: str  # The post (TL;DR) or the instruction (AlpacaFarm), as `Comparison.prompt`.
+  completion: str
+  label: bool
+  annotator: str = ""
+  split: str = "train"
+  policy: str = ""
+  id: str = ""
+  title: str = ""  # TL;DR only.
+  subreddit: str = ""  # TL;DR only.
+  input: str = ""  # AlpacaFarm's optional instruction input.
+  batch: str = ""
+  extra: Mapping[str, Any] | None = None
+
+
+BINARY = "binary"  # The layout of `Feedback`: TRL's unpaired preference format.
+_BINARY_TEXT = ("id", "title", "subreddit", "input", "annotator", "policy", "batch")
+
+
+def _text(row: dict, key: str) -> str:
+  if isinstance(row.get(key), list):
+    raise ValueError(f"field {key!r} is a list of messages (TRL's conversational format): give "
+                     "its text")
+  return _require(row, key, str)
+
+
+def from_binary(row: dict) -> Feedback:
+  prompt, completion = _text(row, "prompt"), _text(row, "completion")
+  if "label" not in row:
+    raise ValueError("missing field 'label'")
+  if not isinstance(row["label"], bool):
+    raise ValueError(f"'label' must be true or false, got {json.dumps(row['label'])}")
+  extra = row.get("extra")
+  return Feedback(prompt=prompt, completion=completion, label=row["label"],
+                  split=str(row.get("split") or "train"),
+                  extra=extra if isinstance(extra, dict) else None,
+                  **{k: str(row.get(k) or "") for k in _BINARY_TEXT})
+
+
+def to_binary(f: Feedback) -> dict:
+  row = {"prompt": f.prompt, "completion": f.completion, "label": f.label}
+  optional = {**{k: getattr(f, k) for k in _BINARY_TEXT},
+              "split": f.split if f.split != "train" else "", "extra": f.extra}
+  return {**row, **{k: (dict(v) if isinstance(v, Mapping) else v)
+                    for k, v in optional.items() if v}}
+
+
+def read_binary(path: str) -> tuple[list[Feedback], list[str]]:
+  """All good records of a binary-layout file (JSON Lines or one JSON array), and one problem per
+  malformed record (`file:line: reason`)."""
+  return jsonl.read_any(path, from_binary)
+
+
+def read_binary_strict(path: str) -> list[Feedback]:
+  """Like `read_binary`, but a malformed record is a `DataError` naming the first bad one."""
+  return jsonl.strict(*read_binary(path))
+
+
+def write_binary(path: str, records: Iterable[Feedback], as_array: bool | None = None) -> None:
+  """Writes `records` atomically in the binary layout (as `write`: an array for a `.json` path)."""
+  jsonl.write(path, (to_binary(f) for f in records),
+              path.endswith(".json") if as_array is None else as_array)
+
+
+def unpaired(records: Sequence[Comparison]) -> list[Feedback]:
+  """Two `Feedback` per comparison: its chosen response desirable, its rejected one undesirable
+  (ties refused, as `preferred` does)."""
+  out = []
+  for c, texts in zip(records, preferred(records)):
+    shared = dict(prompt=c.prompt, annotator=c.annotator, split=c.split, id=c.id, title=c.title,
+                  subreddit=c.subreddit, input=c.input, batch=c.batch)
+    policies = (c.policy_a, c.policy_b) if c.choice == 0 else (c.policy_b, c.policy_a)
+    out += [Feedback(completion=text, label=label, policy=policy, **shared)
+            for text, label, policy in zip(texts, (True, False), policies)]
+  return out

@@ -47,7 +47,7 @@ from rlhfjax.training import metrics as metrics_lib
 
 NAMES = {"sft": "SFT", "ppo": "PPO", "best_of_n": "best-of-{n}", "expert_iteration": "expert iteration",
          "quark": "Quark", "feedme": "binary FeedME", "reward_conditioning": "binary reward conditioning",
-         "dpo": "DPO", "simpo": "SimPO", "rloo": "RLOO", "grpo": "GRPO",
+         "dpo": "DPO", "simpo": "SimPO", "kto": "KTO", "rloo": "RLOO", "grpo": "GRPO",
          "reinforce_pp": "REINFORCE++", "online_dpo": "online DPO"}
 # The online methods whose held-out points (`eval/*` in `<task>/metrics.jsonl`) make training curves,
 # with the config key of each one's KL coefficient.

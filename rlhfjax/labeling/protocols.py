@@ -1,4 +1,5 @@
-"""What a labeler is asked about a pair: the three protocols of the papers this project follows.
+"""What a labeler is asked about a pair, or one response: the protocols of the papers this project
+follows.
 
 - `stiennon` (Stiennon et al., 2020): which summary is better on a 9-point scale (1: the left one is
   definitely better, 9: the right one is, 5: no preference), then each summary rated 1-7 on overall
@@ -8,11 +9,14 @@
   is more helpful (a forced choice), slightly or definitely, then how helpful the worse one is
   (slightly helpful, not helpful, dangerous) and the follow-up that answer asks for (the writing or
   the meaning; possibly or never helpful). Its answers are those of `turing_advice.Judgement`.
+- `binary` (KTO's binary feedback, Ethayarajh et al., 2024): one response, no pair; thumbs up (a
+  desirable response) or thumbs down. Stored as preference 1 (up) or 0 (down), exported in the
+  binary layout (`data/records.py`) that task=kto reads.
 
 Answers arrive as the page shows the pair (left, right) and are stored in the pair's own order
 (A, B) with `canonical`, which undoes the per-assignment swap: a preference becomes 0 (A), 0.5 (a
 tie) or 1 (B), the 9-point rating r of a swapped pair becomes 10 - r, and per-response answers move
-to the response they were given for.
+to the response they were given for. A one-response protocol has no sides, so nothing is undone.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class Question:
 @dataclasses.dataclass(frozen=True)
 class Protocol:
   """The questions about the pair (the first decides the preference), those asked about each
-  response, and how the preference question's value maps to left (0), tie (0.5) and right (1)."""
+  response, and how the preference question's value maps to left (0), tie (0.5) and right (1);
+  with `single`, one response is shown and the first question's value maps to 1 (desirable) or 0."""
 
   name: str
   title: str
@@ -47,6 +52,7 @@ class Protocol:
   preference: Mapping[str, float]  # Value of the first pair question -> preference for the right.
   rating: bool = False  # The first question is a 9-point scale, kept as `extra.confidence`.
   check: Callable[[Mapping[str, str]], str] = lambda answers: ""  # A rule across answers, or "".
+  single: bool = False  # One response judged alone (binary feedback), not a pair.
 
   def questions(self) -> list[tuple[str, Question]]:
     """Every question as shown, with its form field name: pair questions by name, per-response
@@ -105,6 +111,13 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         check=lambda a: "" if a["follow_up"] in turing_advice.FOLLOW_UPS[a["helpfulness"]] else
         f"follow_up: after {a['helpfulness']!r} answer one of "
         f"{', '.join(turing_advice.FOLLOW_UPS[a['helpfulness']])}"),
+    Protocol(
+        name="binary", title="Is this response good?",
+        instructions="Read the prompt and the response. Thumbs up when it is a good response to "
+                     "the prompt, thumbs down when it is not.",
+        pair=(Question("label", "Is this a good response?",
+                       (("up", "thumbs up: good"), ("down", "thumbs down: not good"))),),
+        per_response=(), preference={"up": 1.0, "down": 0.0}, single=True),
 )}
 
 
@@ -131,7 +144,7 @@ class Label:
 
 def canonical(protocol: Protocol, answers: Mapping[str, str], swapped: bool) -> Label:
   """Checks `answers` (form field -> option value, as shown) and returns them in A/B order; A was
-  shown on the right when `swapped`."""
+  shown on the right when `swapped` (ignored by a one-response protocol)."""
   for field, q in protocol.questions():
     value = answers.get(field)
     if value not in dict(q.options):
@@ -142,6 +155,7 @@ def canonical(protocol: Protocol, answers: Mapping[str, str], swapped: bool) -> 
   problem = protocol.check(answers)
   if problem:
     raise InvalidAnswer(problem)
+  swapped = swapped and not protocol.single
   first = protocol.pair[0].name
   right = protocol.preference[answers[first]]
   preference = 1.0 - right if swapped else right

@@ -6,7 +6,10 @@ For admins only, `disagreements` lists the pairs whose labelers split, with thei
 
 Preferences are in {0, 0.5, 1} (0: A, 1: B, 0.5: a tie) and two of them agree with probability
 `1 - |p - q|`, as in `evaluation.agreement`. Labelers seldom share all pairs, so each cell of the
-table is measured on the pairs both judges labelled, and says how many those were.
+table is measured on the pairs both judges labelled, and says how many those were. One-response
+labels (the binary protocol: 1 thumbs up, 0 down) agree the same way; position and length bias mean
+nothing there, so those figures (and the judge that prefers the longer response) are left out and
+each labeler's share of thumbs up is given instead.
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ class Judgement:
   words_b: int
   created: float
   seconds: float | None = None
+  single: bool = False  # One response judged alone (thumbs up 1, down 0), not a pair.
 
 
-def judgements(rows: Sequence[Mapping]) -> list[Judgement]:
-  """From `Store.labels()` rows."""
-  return [Judgement(r["labeler"], r["item_id"], r["preference"], bool(r["swapped"]), r["gold"],
-                    len(r["response_a"].split()), len(r["response_b"].split()), r["created"],
-                    r["seconds"]) for r in rows]
+def judgements(rows: Sequence[Mapping], single: bool = False) -> list[Judgement]:
+  """From `Store.labels()` rows (of a one-response protocol with `single`)."""
+  return [Judgement(r["labeler"], r["item_id"], r["preference"],
+                    bool(r["swapped"]) and not single, r["gold"], len(r["response_a"].split()),
+                    len(r["response_b"].split()), r["created"], r["seconds"], single)
+          for r in rows]
 
 
 def _longer(j: Judgement) -> float:
@@ -55,8 +60,8 @@ def _longer(j: Judgement) -> float:
 def labelers(js: Sequence[Judgement]) -> dict[str, dict[str, float]]:
   """Per labeler: labels, gold labels, agreement with the other labels of the same pairs and with
   gold (gold ties left out), how often a decisive label picks the left-shown response (0.5: no
-  position bias) and the longer one (equal lengths left out), and median seconds per label.
-  A figure without data is NaN."""
+  position bias) and the longer one (equal lengths left out), the share of one-response labels
+  that are a thumbs up, and median seconds per label. A figure without data is NaN."""
   by_item = collections.defaultdict(list)
   for j in js:
     by_item[j.item].append(j)
@@ -67,8 +72,10 @@ def labelers(js: Sequence[Judgement]) -> dict[str, dict[str, float]]:
     with_others = [np.mean([1 - abs(j.preference - o.preference) for o in by_item[j.item]
                             if o.labeler != name]) for j in pairs
                    if any(o.labeler != name for o in by_item[j.item])]
-    decisive = [j for j in mine if j.preference != 0.5]
+    shown_two = [j for j in mine if not j.single]
+    decisive = [j for j in shown_two if j.preference != 0.5]
     left = [(j.preference == 1.0) == j.swapped for j in decisive]
+    ups = [j.preference == 1.0 for j in mine if j.single]
     seconds = [j.seconds for j in mine if j.seconds is not None]
     out[name] = {
         "labels": float(len(pairs)), "gold_labels": float(len(golds)),
@@ -78,8 +85,9 @@ def labelers(js: Sequence[Judgement]) -> dict[str, dict[str, float]]:
         if golds else float("nan"),
         "prefers_left": float(np.mean(left)) if left else float("nan"),
         "prefers_longer": agreement.accuracy_against(
-            np.array([j.preference for j in mine]), np.array([_longer(j) for j in mine]))
-        if mine else float("nan"),
+            np.array([j.preference for j in shown_two]), np.array([_longer(j) for j in shown_two]))
+        if shown_two else float("nan"),
+        "thumbs_up": float(np.mean(ups)) if ups else float("nan"),
         "median_seconds": float(np.median(seconds)) if seconds else float("nan"),
     }
   return out
@@ -88,11 +96,13 @@ def labelers(js: Sequence[Judgement]) -> dict[str, dict[str, float]]:
 def table(js: Sequence[Judgement]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
   """Stiennon et al.'s Table 20 from real labels: judges (the labelers, gold, and a heuristic that
   prefers the longer response) x judges -> mean agreement, its standard error and the number of
-  pairs both judged. Gold judges only gold pairs; a pair's gold tie is left out."""
+  pairs both judged. Gold judges only gold pairs; a pair's gold tie is left out; the longer-response
+  judge judges pairs only."""
   prefs: dict[str, dict[int, float]] = collections.defaultdict(dict)
   for j in js:
     prefs[j.labeler][j.item] = j.preference
-    prefs[LONGER][j.item] = _longer(j)
+    if not j.single:
+      prefs[LONGER][j.item] = _longer(j)
     if j.gold is not None and j.gold != 0.5:
       prefs[GOLD][j.item] = j.gold
   names = sorted(k for k in prefs if k not in (GOLD, LONGER)) + [
@@ -123,16 +133,24 @@ def format_table(names: Sequence[str], mean: np.ndarray, se: np.ndarray, count: 
   return "\n".join(lines)
 
 
-def format_labelers(stats: Mapping[str, Mapping[str, float]]) -> str:
-  """Markdown of `labelers`."""
+# The share columns of `labelers` (key, heading) for pairs and for one-response labels.
+SHARES = {False: (("agreement_with_others", "agreement with others"),
+                  ("agreement_with_gold", "agreement with gold"), ("prefers_left", "prefers left"),
+                  ("prefers_longer", "prefers longer")),
+          True: (("agreement_with_others", "agreement with others"),
+                 ("agreement_with_gold", "agreement with gold"), ("thumbs_up", "thumbs up"))}
+
+
+def format_labelers(stats: Mapping[str, Mapping[str, float]], single: bool = False) -> str:
+  """Markdown of `labelers` (of one-response labels with `single`)."""
   pct = lambda v: "—" if np.isnan(v) else f"{100 * v:.1f}%"
-  lines = ["| labeler | labels | gold labels | agreement with others | agreement with gold | "
-           "prefers left | prefers longer | median s/label |", "|---" * 8 + "|"]
+  shares = SHARES[single]
+  lines = ["| labeler | labels | gold labels | " + " | ".join(h for _, h in shares) +
+           " | median s/label |", "|---" * (len(shares) + 4) + "|"]
   for name, s in stats.items():
     sec = "—" if np.isnan(s["median_seconds"]) else f"{s['median_seconds']:.1f}"
-    lines.append(f"| {name} | {int(s['labels'])} | {int(s['gold_labels'])} | "
-                 f"{pct(s['agreement_with_others'])} | {pct(s['agreement_with_gold'])} | "
-                 f"{pct(s['prefers_left'])} | {pct(s['prefers_longer'])} | {sec} |")
+    lines.append(f"| {name} | {int(s['labels'])} | {int(s['gold_labels'])} | " +
+                 " | ".join(pct(s[k]) for k, _ in shares) + f" | {sec} |")
   return "\n".join(lines)
 
 
@@ -146,9 +164,12 @@ def throughput(js: Sequence[Judgement], now: float | None = None) -> dict[str, f
           "per_hour": float(len(created) / hours) if hours > 0 else float("nan")}
 
 
-def in_pair_order(preference: float, extra: Mapping[str, object]) -> str:
+def in_pair_order(preference: float, extra: Mapping[str, object], single: bool = False) -> str:
   """A label's answer in the pair's own A/B terms (what the admin compares across labelers): the
-  9-point rating when there is one (`confidence`, 1: A definitely better), else A, B or tie."""
+  9-point rating when there is one (`confidence`, 1: A definitely better), else A, B or tie; a
+  one-response label's thumbs up or down."""
+  if single:
+    return "thumbs up" if preference == 1.0 else "thumbs down"
   rating = extra.get("confidence")
   if isinstance(rating, int) and 1 <= rating <= 9:  # The scale's words, left/right read as A/B.
     words = protocols.NINE[rating - 1][1]
@@ -156,10 +177,11 @@ def in_pair_order(preference: float, extra: Mapping[str, object]) -> str:
   return {0.0: "A better", 0.5: "tie", 1.0: "B better"}[preference]
 
 
-def disagreements(rows: Sequence[Mapping]) -> list[dict]:
-  """Pairs (gold pairs aside) whose labelers split: at least two labels whose preferences differ,
-  the widest splits first. Each holds the pair's row and its `answers`: (labeler, the answer in A/B
-  terms, the protocol's other answers) per label."""
+def disagreements(rows: Sequence[Mapping], single: bool = False) -> list[dict]:
+  """Pairs (gold pairs aside; responses of a one-response protocol with `single`) whose labelers
+  split: at least two labels whose preferences differ, the widest splits first. Each holds the
+  pair's row and its `answers`: (labeler, the answer in A/B terms, the protocol's other answers)
+  per label."""
   by_item: dict[int, list[Mapping]] = collections.defaultdict(list)
   for r in rows:
     if r["gold"] is None:
@@ -173,8 +195,8 @@ def disagreements(rows: Sequence[Mapping]) -> list[dict]:
     for r in labels:
       stored = json.loads(r["answers"])
       extra = {k: v for k, v in (stored.get("extra") or {}).items() if k != "confidence"}
-      answers.append((r["labeler"], in_pair_order(r["preference"], stored.get("extra") or {}),
-                      extra))
+      answers.append((r["labeler"],
+                      in_pair_order(r["preference"], stored.get("extra") or {}, single), extra))
     out.append({"pair": labels[0], "answers": answers, "spread": max(prefs) - min(prefs)})
   out.sort(key=lambda d: (-d["spread"], d["pair"]["item_id"]))
   return out

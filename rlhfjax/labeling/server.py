@@ -74,7 +74,8 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_COMMENT = 2000  # Characters of a flag's comment.
-LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}
+LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}  # Export layouts of pairs; one response: binary.
+SINGLE_LAYOUTS = {"binary": ".jsonl"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,6 +178,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   env.filters["when"] = _when
   guidelines_html = guidelines_lib.render(guidelines or guidelines_lib.load(protocol.name))
   options = {field: dict(q.options) for field, q in protocol.questions()}
+  single = protocol.single
+  layouts = SINGLE_LAYOUTS if single else LAYOUTS
 
   def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(env.get_template(name).render(protocol=protocol, **context), status)
@@ -277,8 +280,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
             else (row["response_a"], row["response_b"]))
 
   async def label_page(who: sqlite3.Row, row: sqlite3.Row, status: int = 200) -> HTMLResponse:
-    left, right = sides(row)
-    marked_left, marked_right = diff.words(left, right)
+    if single:  # One response: nothing to compare, nothing marked.
+      marked_left, marked_right = [(row["response_a"], False)], []
+    else:
+      marked_left, marked_right = diff.words(*sides(row))
     chosen = json.loads(row["shown"]) if row["shown"] else {}
     return page("label.html", status, who=who, row=row, left=marked_left, right=marked_right,
                 chosen=chosen, progress=await in_thread(store.my_progress, who["id"]),
@@ -379,13 +384,13 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   async def admin(request: Request) -> Response:
     who = await admin_only(request)
-    js = report.judgements(await in_thread(store.labels))
+    js = report.judgements(await in_thread(store.labels), single)
     names, mean, se, count = report.table(js)
     return page("admin.html", who=who, csrf=who["csrf"],
                 progress=await in_thread(store.progress), k=store.settings.k,
                 throughput=report.throughput(js), labelers=report.labelers(js), names=names,
-                mean=mean, se=se, count=count, isnan=math.isnan, layouts=LAYOUTS,
-                flags=len(await in_thread(store.flags)))
+                mean=mean, se=se, count=count, isnan=math.isnan, layouts=layouts,
+                shares=report.SHARES[single], flags=len(await in_thread(store.flags)))
 
   def invitation(request: Request, token: str) -> str:
     base = public_url or f"{request.url.scheme}://{request.url.netloc}"
@@ -437,9 +442,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   async def disagreements(request: Request) -> Response:
     who = await admin_only(request)
-    found = report.disagreements(await in_thread(store.labels))
+    found = report.disagreements(await in_thread(store.labels), single)
     for d in found:
-      d["a"], d["b"] = diff.words(d["pair"]["response_a"], d["pair"]["response_b"])
+      d["a"], d["b"] = ([(d["pair"]["response_a"], False)], []) if single else diff.words(
+          d["pair"]["response_a"], d["pair"]["response_b"])
     return page("disagreements.html", who=who, csrf=who["csrf"], found=found)
 
   def export_file(layout: str, split: str) -> bytes:
@@ -452,10 +458,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   async def download(request: Request) -> Response:
     who = await admin_only(request)
     layout, split = request.path_params["layout"], request.path_params["split"]
-    if layout not in LAYOUTS or split not in ("train", "valid", "agreement"):
+    if layout not in layouts or split not in ("train", "valid", "agreement"):
       raise HTTPException(404, "no such export")
     body = await in_thread(export_file, layout, split)
-    name = "agreement.md" if split == "agreement" else f"{split}{LAYOUTS[layout]}"
+    name = "agreement.md" if split == "agreement" else f"{split}{layouts[layout]}"
     log.info("download: %s took %s (%s)", who["name"], name, layout)
     kind = "text/markdown" if split == "agreement" else "application/json"
     return Response(body, media_type=f"{kind}; charset=utf-8",

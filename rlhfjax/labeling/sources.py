@@ -1,4 +1,5 @@
-"""Pairs to label, from files the pipeline already writes (`labeling.source`, `;`-separated):
+"""Pairs (or single responses) to label, from files the pipeline already writes (`labeling.source`,
+`;`-separated):
 
 - `methods:A,B`: two methods' answers to the same test prompts (`<workdir>/<method>/outputs.json`,
   e.g. `methods:sft,ppo`), paired by prompt id; the prompts come from the config's data;
@@ -15,6 +16,12 @@ stable id, so loading the same files again adds nothing twice. Pairs without a s
 are given one when queued (`queue`): `labeling.valid_fraction` of them go to `valid`; valid pairs,
 given or their own, are spread evenly through the queue, so every served prefix, and so a round of
 any size, holds train and valid pairs in proportion.
+
+A one-response protocol (`binary`) queues every response of the same sources as an item of its
+own (its B empty; an empty response is left out): `methods:` and `outputs:` take one or more
+methods or files, `comparisons:PATH` gives both responses of each pair, and `binary:PATH` the
+responses of a binary-layout file (its labels neither shown nor used). Its `labeling.gold_file` is
+in the binary layout, each record's label the known answer (1: thumbs up).
 """
 
 from __future__ import annotations
@@ -109,6 +116,15 @@ def _outputs(path: str, prompts: Callable[[], Mapping[str, Mapping[str, str]]]
                   "AlpacaEval's model outputs (an array of objects)")
 
 
+def _single_outputs(paths: Sequence[str], prompts) -> list[dict]:
+  """Each answer of each outputs file as an item of its own."""
+  out = []
+  for path in paths:
+    name, answers = _outputs(path, prompts)
+    out += [item(prompt, text, "", name, "") for prompt, text in answers.values()]
+  return out
+
+
 def _pair_outputs(path_a: str, path_b: str, prompts) -> list[dict]:
   (name_a, a), (name_b, b) = _outputs(path_a, prompts), _outputs(path_b, prompts)
   common = [key for key in a if key in b]
@@ -133,9 +149,25 @@ def from_comparisons(comps: Iterable[records.Comparison], gold: bool = False) ->
   return out
 
 
-def load(config, workdir: str) -> list[dict]:
+def from_feedback(feedback: Iterable[records.Feedback], gold: bool = False) -> list[dict]:
+  """One-response items of binary feedback records (in their own split); with `gold`, their labels
+  are the known answers."""
+  return [item({"id": f.id, "prompt": f.prompt, "title": f.title, "subreddit": f.subreddit,
+                "input": f.input}, f.completion, "", f.policy, "", SPLITS.get(f.split, ""),
+               float(f.label) if gold else None) for f in feedback]
+
+
+def _singles(pairs: Iterable[dict]) -> list[dict]:
+  """Each response of `pairs` as a one-response item."""
+  prompt = lambda p: {"id": p["prompt_id"], **{k: p[k] for k in ("prompt", "title", "subreddit",
+                                                                  "input")}}
+  return [item(prompt(p), p[f"response_{x}"], "", p[f"policy_{x}"], "", p["split"])
+          for p in pairs for x in "ab"]
+
+
+def load(config, workdir: str, single: bool = False) -> list[dict]:
   """Every pair named by `labeling.source` and `labeling.gold_file`, in order (splits not yet
-  assigned)."""
+  assigned); with `single` (a one-response protocol), every response as an item of its own."""
   c = config.labeling
   cache: dict[str, Any] = {}
 
@@ -150,21 +182,28 @@ def load(config, workdir: str) -> list[dict]:
   for source in filter(None, (s.strip() for s in c.source.split(";"))):
     kind, _, arg = source.partition(":")
     parts = [p.strip() for p in arg.split(",")]
-    if kind == "methods" and len(parts) == 2:
+    if kind == "methods" and (len(parts) == 2 or single and all(parts)):
       paths = [os.path.join(workdir, m, "outputs.json") for m in parts]
-      pairs += _pair_outputs(*paths, prompts)
-    elif kind == "outputs" and len(parts) == 2:
-      pairs += _pair_outputs(*parts, prompts)
+      pairs += _single_outputs(paths, prompts) if single else _pair_outputs(*paths, prompts)
+    elif kind == "outputs" and (len(parts) == 2 or single and all(parts)):
+      pairs += _single_outputs(parts, prompts) if single else _pair_outputs(*parts, prompts)
     elif kind == "comparisons" and arg:
-      pairs += from_comparisons(_comparisons(arg, c.layout))
+      found = from_comparisons(_comparisons(arg, c.layout))
+      pairs += _singles(found) if single else found
+    elif kind == "binary" and arg and single:
+      pairs += from_feedback(_feedback(arg))
     else:
-      raise ConfigError(f"labeling.source: cannot read {source!r} (expected methods:A,B, "
-                        "outputs:PATH_A,PATH_B or comparisons:PATH)")
+      expected = ("methods:A[,B...], outputs:PATH[,PATH...], comparisons:PATH or binary:PATH"
+                  if single else "methods:A,B, outputs:PATH_A,PATH_B or comparisons:PATH")
+      raise ConfigError(f"labeling.source: cannot read {source!r} under the {c.protocol} "
+                        f"protocol (expected {expected})")
   if c.gold_file:
-    pairs += from_comparisons(_comparisons(c.gold_file, c.layout), gold=True)
+    pairs += (from_feedback(_feedback(c.gold_file), gold=True) if single else
+              from_comparisons(_comparisons(c.gold_file, c.layout), gold=True))
   kept = [p for p in pairs if p["response_a"].strip() != p["response_b"].strip()]
   if not kept:
-    raise ConfigError("labeling.source: no pair with two different responses to load")
+    what = "non-empty response" if single else "pair with two different responses"
+    raise ConfigError(f"labeling.source: no {what} to load")
   return kept
 
 
@@ -172,3 +211,9 @@ def _comparisons(path: str, layout: str) -> Sequence[records.Comparison]:
   if not os.path.exists(path):
     raise FileNotFoundError(f"comparisons file not found: {path}")
   return records.read_strict(path, layout)
+
+
+def _feedback(path: str) -> Sequence[records.Feedback]:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"binary feedback file not found: {path}")
+  return records.read_binary_strict(path)

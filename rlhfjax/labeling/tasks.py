@@ -5,8 +5,8 @@
   one-time sign-in link; run it again for a new link;
 - `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra),
   logging every request and sign-in to stderr;
-- `label_export`: write the finished labels as comparison files for task=rm, and the agreement
-  report.
+- `label_export`: write the finished labels as comparison files for task=rm (the binary protocol's
+  as binary feedback files for task=kto), and the agreement report.
 
 The database (`labeling.db`, default `<workdir>/labeling/labels.db`) keeps its protocol: a
 different `labeling.protocol` later is an error, not a silent mix of answer kinds.
@@ -20,6 +20,7 @@ import random
 import sys
 from typing import Any
 
+from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
 from rlhfjax.labeling import comparisons
 from rlhfjax.labeling import protocols
@@ -61,8 +62,8 @@ def open_store(config, workdir: str) -> tuple[store_lib.Store, protocols.Protoco
 def load(config, workdir: str) -> dict[str, int]:
   """task=label_load: queues the pairs in an order shuffled by `labeling.seed`, valid pairs spread
   evenly through it (`sources.queue`)."""
-  store, _ = open_store(config, workdir)
-  pairs = sources.load(config, workdir)
+  store, protocol = open_store(config, workdir)
+  pairs = sources.load(config, workdir, protocol.single)
   random.Random(config.labeling.seed).shuffle(pairs)
   pairs = sources.queue(pairs, config.labeling.valid_fraction)
   added = store.add_items(pairs)
@@ -99,13 +100,13 @@ def serve(config, workdir: str) -> None:
                       ) from None
   c = config.labeling
   store, protocol = open_store(config, workdir)
-  check_layout(c.layout)
+  layout = export_layout(c.layout, protocol)
   app = server.create_app(
       store, protocol, session_s=3600.0 * c.session_hours,
       login_per_minute=c.login_attempts_per_minute, public_url=c.url,
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
-      export_rules=server.ExportRules(c.layout, c.min_gold_agreement, c.min_gold_labels))
+      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels))
   log = logging.getLogger("rlhfjax.labeling")
   if not log.handlers:  # The access log and sign-in events, on stderr.
     handler = logging.StreamHandler(sys.stderr)
@@ -119,16 +120,23 @@ def serve(config, workdir: str) -> None:
 
 
 def export(config, workdir: str) -> dict[str, Any]:
-  """task=label_export: the finished labels as comparison files (`labeling.layout`)."""
+  """task=label_export: the finished labels as comparison files (`labeling.layout`), or as binary
+  feedback files for a one-response protocol."""
   store, protocol = open_store(config, workdir)
   out = config.labeling.export_dir or os.path.join(workdir, "labeling", "export")
   c = config.labeling
-  check_layout(c.layout)
-  out = comparisons.export(store.labels(), out, c.layout, protocol.name, c.min_gold_agreement,
+  layout = export_layout(c.layout, protocol)
+  out = comparisons.export(store.labels(), out, layout, protocol.name, c.min_gold_agreement,
                            c.min_gold_labels)
   if out["left_out"]:
     metrics_lib.info(f"label_export: left out the labels of {', '.join(out['left_out'])} "
                      f"(below {c.min_gold_agreement:.0%} agreement with gold)")
+  if protocol.single:
+    for split in ("train", "valid"):
+      metrics_lib.info(f"label_export: {out[split]}: {out['labels'][split]} labels")
+    metrics_lib.info(f"label_export: report: {out['agreement']}; task=kto reads the labels with "
+                     f"kto.feedback=binary kto.train_file={out['train']}")
+    return out
   for split in ("train", "valid"):
     metrics_lib.info(f"label_export: {out[split]}: {out['labels'][split]} labels, "
                      f"{out['decisive'][split]} of them decisive (ties aside)")
@@ -143,6 +151,11 @@ def export(config, workdir: str) -> dict[str, Any]:
   return out
 
 
-def check_layout(layout: str) -> None:
+def export_layout(layout: str, protocol: protocols.Protocol) -> str:
+  """The layout the labels are exported in: the binary one for a one-response protocol, else
+  `labeling.layout` (checked)."""
+  if protocol.single:
+    return records.BINARY
   if layout not in ("openai", "alpaca"):
     raise ConfigError(f"labeling.layout must be 'openai' or 'alpaca', got {layout!r}")
+  return layout

@@ -5,13 +5,13 @@
 
 For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/tpu.py) the config's
 model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
-pipeline runs — the SFT, reward-model, DPO, SimPO and PPO update steps, the PPO rollout's prefill
-and one decode step with its KV cache, best-of-N scoring — is lowered with the same shardings as
-training and compiled by XLA for that TPU. The rollout's steps run in the rollout layout
-(parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it: the
-slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom` less
-the training state and the frozen models as the room it has; `rollout_reshard` is the copy of the
-policy into it, once per iteration (cast and resharding compiled as one program; none with
+pipeline runs — the SFT, reward-model, DPO, SimPO, KTO and PPO update steps, the PPO rollout's
+prefill and one decode step with its KV cache, best-of-N scoring — is lowered with the same
+shardings as training and compiled by XLA for that TPU. The rollout's steps run in the rollout
+layout (parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it:
+the slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom`
+less the training state and the frozen models as the room it has; `rollout_reshard` is the copy of
+the policy into it, once per iteration (cast and resharding compiled as one program; none with
 `rollout.mesh='train'`, which samples from the trainer's layout and float32 weights). The decode
 step is the one of the last cache block (`rollout.cache_block`): it reads the most cache slots.
 One row per step:
@@ -69,6 +69,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from rlhfjax.algorithms import dpo
+from rlhfjax.algorithms import kto
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
@@ -94,7 +95,7 @@ from rlhfjax.training.state import TrainState
 # XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
 _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-STEPS = ("sft", "rm", "dpo", "simpo", "ppo_prefill", "ppo_decode", "ppo_update",
+STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
 RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
@@ -368,6 +369,24 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
                     2 * c.batch_size * seq, passes,
                     plan(2 * c.batch_size, r_len, model=trained)["train_step"]
                     + (_per_chip(state.params) if with_ref else 0)))
+  if "kto" in names:  # The policy trains on the matched rows; both models read the mismatched.
+    c = config.kto
+    par.check_batch("kto.batch_size", c.batch_size)
+    tx = optimizer.adamw(c, 1000)
+    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
+                                transformer.param_axes(cfg), tx, jax.random.key(0), abstract=True)
+    trained = exp.model_for("policy")
+    fn = par.jit(functools.partial(kto.train_step, cfg=trained, c=c, tx=tx),
+                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+    batch = {**_tokens(par, c.batch_size, {"prompt": p_len, "response": r_len}),
+             "label": jax.ShapeDtypeStruct((c.batch_size,), jnp.bool_, sharding=par.batch)}
+    train = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
+    forwards = flops.forward(cfg, 3 * c.batch_size, seq, logit_tokens=r_len)
+    out.append(Step("kto", fn, (state, state.params, batch), train + forwards,
+                    train + forwards + _recomputed(trained, c.batch_size, seq),
+                    2 * c.batch_size * seq, {"policy": (4, True), "reference": (1, False)},
+                    plan(c.batch_size, r_len, model=trained)["train_step"]
+                    + _per_chip(state.params)))
 
   c = config.ppo
   ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
@@ -614,7 +633,8 @@ def mesh_candidates(config: Any, cfg: ModelConfig, chips: int) -> list[dict[str,
   """The (data, fsdp, tensor) shapes of `chips` devices that every batch of the config divides
   over (tensor at most 8: it stays inside a host)."""
   batches = [config.sft.batch_size, config.rm.batch_size, config.dpo.batch_size,
-             config.simpo.batch_size, config.ppo.rollout_batch, config.rm.eval_batch_size]
+             config.simpo.batch_size, config.kto.batch_size, config.ppo.rollout_batch,
+             config.rm.eval_batch_size]
   out = []
   for t in (1, 2, 4, 8):
     if chips % t or cfg.n_heads % t:

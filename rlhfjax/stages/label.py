@@ -13,6 +13,13 @@ With `label.comparisons` naming a TFDS dataset of human comparisons (`HUMAN`: Op
 summarize-from-feedback comparisons, built from `data.manual_dir`), nothing is sampled or judged:
 the files are the first `label.num_pairs` comparisons of its training split and the first
 `label.num_val_pairs` of its validation split.
+
+With `label.protocol=binary` the annotator gives thumbs up or down instead (binary feedback, what
+KTO learns from): one sample per post, desirable when the annotator prefers it to the post's
+reference summary (its pairwise judgement against that fixed point: a simulated annotator's
+utility above the reference's, with its own noise, position bias and flips). The files are
+`<workdir>/label/binary_{train,valid}.jsonl` in the binary layout, beside the comparison files;
+each set has its own meta, so a workdir may hold both.
 """
 
 from __future__ import annotations
@@ -39,19 +46,20 @@ from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 
 SPLITS = {"train": "pref", "valid1": "validation"}  # Comparison split -> data split.
+PROTOCOLS = ("pairs", "binary")
 # TFDS datasets of human comparisons (`label.comparisons`) -> their split for each comparison split.
 HUMAN = {"openai_comparisons": {"train": "train", "valid1": "valid1"}}
 
 
-def sample_pairs(exp: experiment.Experiment, params: Any, examples: Sequence[pipeline.Tldr],
-                 rng: jax.Array) -> tuple[list[str], list[str]]:
-  """Two independent samples from the policy for each post."""
+def sample(exp: experiment.Experiment, params: Any, examples: Sequence[pipeline.Tldr],
+           rng: jax.Array, k: int = 2) -> list[list[str]]:
+  """`k` independent samples from the policy for each post: k lists in the order of `examples`."""
   c = exp.config.label
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
-  both = {k: np.concatenate([v, v]) for k, v in prompts.items()}
-  out = engine.generate_split(exp, params, both, rng, c.batch_size, c.temperature, c.top_k, c.top_p)
+  rows = {key: np.concatenate([v] * k) for key, v in prompts.items()}
+  out = engine.generate_split(exp, params, rows, rng, c.batch_size, c.temperature, c.top_k, c.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
-  return texts[:len(examples)], texts[len(examples):]
+  return [texts[i * len(examples):(i + 1) * len(examples)] for i in range(k)]
 
 
 def to_records(examples: Sequence[pipeline.Example], a: Sequence[str], b: Sequence[str],
@@ -93,27 +101,64 @@ def human_comparisons(exp: experiment.Experiment, paths: dict[str, str]) -> None
 
 
 def _meta(exp: experiment.Experiment) -> dict:
+  """The settings the labels depend on. Not `label.protocol`: it picks the files (each protocol's
+  set has its own meta), so a workdir labelled before the key existed is reused as it was."""
   c = exp.config
-  return json.loads(json.dumps({"label": c.label.to_dict(), "annotators": c.annotators.to_dict(),
+  label = {k: v for k, v in c.label.to_dict().items() if k != "protocol"}
+  return json.loads(json.dumps({"label": label, "annotators": c.annotators.to_dict(),
                                 "data": c.data.to_dict(), "sft": c.sft.to_dict(),
                                 "model": c.model.to_dict(), "format": c.format.to_dict()}))
 
 
-def label(exp: experiment.Experiment) -> dict[str, str]:
-  """Writes (or reuses) the train and validation comparison files; returns their paths."""
+def binary(exp: experiment.Experiment, paths: dict[str, str]) -> None:
+  """label.protocol=binary: writes one sample per post as binary feedback, desirable where the
+  annotator prefers it to the post's reference."""
   c = exp.config.label
+  if c.comparisons:
+    raise ConfigError("label.protocol=binary samples and judges; label.comparisons copies human "
+                      "pairs instead (KTO reads those with kto.feedback=pairs)")
+  sizes = {"train": c.num_pairs, "valid1": c.num_val_pairs}
+  chosen = {split: exp.splits[SPLITS[split]][:sizes[split]] for split in paths}
+  annotator = judges.build(exp, "label.annotator", c.annotator,
+                           [e for examples in chosen.values() for e in examples])
+  params = sft.load_policy(exp)
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), 13)
+  for i, (split, path) in enumerate(paths.items()):
+    examples = chosen[split]
+    (texts,) = sample(exp, params, examples, jax.random.fold_in(key, i), k=1)
+    up = annotators.wins_against(annotator, examples, texts, [e.reference for e in examples],
+                                 np.random.default_rng([exp.config.seed, 13, i]))
+    records.write_binary(path, [
+        records.Feedback(completion=t, label=bool(u), annotator=annotator.name, split=split,
+                         policy=f"sft-t{c.temperature:g}", batch="label",
+                         **pipeline.comparison_prompt(e))
+        for e, t, u in zip(examples, texts, up)])
+    metrics_lib.info(f"labelled {len(examples)} {split} samples with {annotator.name}, "
+                     f"{int(up.sum())} desirable ({up.mean():.0%}): {path}")
+
+
+def label(exp: experiment.Experiment) -> dict[str, str]:
+  """Writes (or reuses) the train and validation files of `label.protocol`; returns their paths."""
+  c = exp.config.label
+  if c.protocol not in PROTOCOLS:
+    raise ConfigError(f"label.protocol must be one of {PROTOCOLS}, got {c.protocol!r}")
   task_dir = exp.task_dir("label")
-  paths = {"train": os.path.join(task_dir, "train.jsonl"),
-           "valid1": os.path.join(task_dir, "valid.jsonl")}
-  meta_path = os.path.join(task_dir, "meta.json")
-  meta = _meta(exp)
+  prefix = "binary_" if c.protocol == "binary" else ""
+  paths = {"train": os.path.join(task_dir, f"{prefix}train.jsonl"),
+           "valid1": os.path.join(task_dir, f"{prefix}valid.jsonl")}
+  meta_path = os.path.join(task_dir, f"{prefix}meta.json")
+  meta, what = _meta(exp), "binary feedback" if prefix else "comparisons"
   if os.path.exists(meta_path) and all(os.path.exists(p) for p in paths.values()):
     with open(meta_path, encoding="utf-8") as f:
       refused = loop.meta_differences(json.load(f), meta)[1]
     if refused:  # The SFT policy's learning rate may have changed on a resume; nothing else.
-      raise ConfigError(f"{task_dir} holds comparisons made under another configuration "
+      raise ConfigError(f"{task_dir} holds {what} made under another configuration "
                         f"({', '.join(refused)}); use a new --workdir or restore the old settings")
-    metrics_lib.info(f"comparisons already labelled: {task_dir}")
+    metrics_lib.info(f"{what} already labelled: {task_dir}")
+    return paths
+  if c.protocol == "binary":
+    binary(exp, paths)
+    experiment.write_json(meta_path, meta)
     return paths
   if c.comparisons:
     human_comparisons(exp, paths)
@@ -130,7 +175,7 @@ def label(exp: experiment.Experiment) -> dict[str, str]:
   held_out = None
   for i, (split, path) in enumerate(paths.items()):
     examples = chosen[split]
-    a, b = sample_pairs(exp, params, examples, jax.random.fold_in(key, i))
+    a, b = sample(exp, params, examples, jax.random.fold_in(key, i))
     choices = annotator.annotate(examples, a, b, np.random.default_rng([exp.config.seed, 11, i]))
     records.write(path, to_records(examples, a, b, choices, annotator.name, split,
                                    f"sft-t{c.temperature:g}"), layout)
