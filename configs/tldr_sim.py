@@ -204,7 +204,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.grpo = dict(online, k=8, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
                 cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
                 minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
-                dynamic_sampling=False, importance_sampling_level="token")
+                dynamic_sampling=False, max_num_gen_batches=1, importance_sampling_level="token")
+  # task=dapo: the GRPO step under DAPO's settings (verl's recipe): Clip-Higher (0.2, 0.28), the
+  # token-level loss, overlong shaping over the last fifth of response_len (4096 of 20480 tokens),
+  # dynamic sampling refilled from new prompts in up to 10 generation batches, no KL term.
+  c.dapo = dict(c.grpo, cliprange_high=0.28, loss_type="bnpo",
+                overlong_buffer=c.format.response_len // 5, dynamic_sampling=True,
+                max_num_gen_batches=10, beta=0.0)
+  # task=gspo: the GRPO step with GSPO's sequence-level ratio and the paper's clip range
+  # (3e-4, 4e-4), no KL term, the per-sequence mean ('grpo'); GRPO's epochs and minibatches.
+  c.gspo = dict(c.grpo, importance_sampling_level="sequence", cliprange=3e-4,
+                cliprange_high=4e-4, beta=0.0)
   # REINFORCE++ (Hu et al. 2025; OpenRLHF's defaults): PPO's per-token reward (-kl_coef x the k1
   # KL on every token, the score on the last) without a critic; the return is the reward-to-go
   # (gamma) and the advantage that return whitened over every real token of the rollout batch
@@ -283,7 +293,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
   # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
   c.compile = dict(topology="",
-                   steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
+                   steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,rloo_update,"
+                         "grpo_update,dapo_update,gspo_update,reinforce_pp_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
   # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
@@ -319,11 +330,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
-    for block in (c.rloo, c.grpo, c.reinforce_pp, c.online_dpo):
+    for block in (c.rloo, c.grpo, c.dapo, c.gspo, c.reinforce_pp, c.online_dpo):
       block.update(steps=2, rollout_batch=8, eval_every=2, eval_examples=8)
     for block in (c.rloo, c.reinforce_pp):
       block.update(minibatch_size=4)
-    c.grpo.update(k=4, minibatch_size=4)
+    for block in (c.grpo, c.dapo, c.gspo):
+      block.update(k=4, minibatch_size=4)
+    c.dapo.update(overlong_buffer=c.format.response_len // 5)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
     for block in (c.dpo, c.simpo, c.kto):

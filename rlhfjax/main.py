@@ -77,6 +77,8 @@ TASKS: dict[str, Callable] = {
     "ppo": ppo.run,
     "rloo": rloo.run,
     "grpo": grpo.run,
+    "dapo": lambda config, workdir: grpo.run(config, workdir, "dapo"),  # grpo.py, config.dapo.
+    "gspo": lambda config, workdir: grpo.run(config, workdir, "gspo"),  # grpo.py, config.gspo.
     "reinforce_pp": reinforce_pp.run,
     "online_dpo": online_dpo.run,
     "best_of_n": best_of_n.run,
@@ -109,6 +111,8 @@ TASK_HELP = {
     "ppo": "PPO against the reward model with a per-token KL penalty to the SFT policy",
     "rloo": "REINFORCE leave-one-out",
     "grpo": "group-relative policy optimisation",
+    "dapo": "DAPO: GRPO with Clip-Higher, the token-level loss, overlong shaping, dynamic sampling",
+    "gspo": "GSPO: GRPO with one length-normalised importance ratio per response",
     "reinforce_pp": "REINFORCE++: PPO's per-token rewards without a critic, globally whitened",
     "online_dpo": "DPO on pairs sampled and labelled during training",
     "best_of_n": "best-of-n sampling against the reward model",

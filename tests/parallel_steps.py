@@ -36,8 +36,8 @@ from rlhfjax.stages import memory  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
 
-ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "kto", "rloo", "grpo", "reinforce_pp",
-              "online_dpo")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "kto", "rloo", "grpo", "dapo_gspo",
+              "reinforce_pp", "online_dpo")
 MESHES = {(1, 1, 1): ALGORITHMS, (2, 2, 2): ALGORITHMS, (8, 1, 1): ("sft", "ppo"),
           (1, 8, 1): ("sft",)}
 CFG = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
@@ -68,6 +68,13 @@ CRITIC_FREE = {
     "grpo": (grpo, ml_collections.ConfigDict(dict(
         **ONLINE, k=4, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
         scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=4))),
+    # Every part DAPO and GSPO add to the GRPO step, in one program: the sequence-level ratio,
+    # Clip-Higher, the token-level loss, overlong shaping and dynamic sampling's dropped rows.
+    "dapo_gspo": (grpo, ml_collections.ConfigDict(dict(
+        **ONLINE, k=4, beta=0.0, kl_estimator="k3", kl_in="loss", cliprange=0.2,
+        cliprange_high=0.28, scale_rewards="group", loss_type="bnpo", epochs=2, minibatch_size=4,
+        overlong_buffer=2, overlong_penalty_factor=1.0, dynamic_sampling=True,
+        importance_sampling_level="sequence"))),
     "reinforce_pp": (reinforce_pp, ml_collections.ConfigDict(dict(
         **ONLINE, k=2, advantage_estimator="reinforce_pp_baseline", kl_coef=0.01, gamma=1.0,
         cliprange=0.2, epochs=2, minibatch_size=4))),
@@ -181,8 +188,8 @@ def run(par: Parallel, data: list[dict[str, np.ndarray]], init: dict,
     step = par.jit(functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS),
                    (sh, sh.params["policy"], par.shardings(rm_axes, rm), par.batch,
                     par.replicated), (sh, par.replicated), (0,))
-    loss_key = {"rloo": "loss/policy_avg", "grpo": "loss/policy", "reinforce_pp": "loss/policy",
-                "online_dpo": "loss/dpo"}[name]
+    loss_key = {"rloo": "loss/policy_avg", "grpo": "loss/policy", "dapo_gspo": "loss/policy",
+                "reinforce_pp": "loss/policy", "online_dpo": "loss/dpo"}[name]
     for i, d in enumerate(data):
       state, m = step(state, ref, rm, rows(d, lm_keys), jax.random.fold_in(key, 20 + i))
       losses.setdefault(name, []).append(float(m[loss_key]))

@@ -31,6 +31,11 @@ pytestmark = pytest.mark.filterwarnings(
 needs_libtpu = pytest.mark.skipif(not tpu.has_libtpu(), reason="needs pip install -e '.[tpu]'")
 
 
+# Every step but the critic-free updates, which test_critic_free_updates_compile compiles once.
+CORE_STEPS = tuple(s for s in compile_task.STEPS
+                   if s.removesuffix("_update") not in compile_task.CRITIC_FREE)
+
+
 def tiny_llama(**mesh):
   c = load_config()
   c.model.update(variant="llama", n_kv_heads=1)
@@ -44,7 +49,7 @@ def reports(tmp_path_factory):
   once)."""
   c = tiny_llama()
   c.model.dtype = "bfloat16"
-  c.compile.topology = "v5e:2x2,v4:2x2x1"
+  c.compile.update(topology="v5e:2x2,v4:2x2x1", steps=",".join(CORE_STEPS))
   workdir = str(tmp_path_factory.mktemp("compile"))
   return compile_task.run(c, workdir), workdir
 
@@ -55,8 +60,7 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
   for topology, chip in (("v5e:2x2", "v5e"), ("v4:2x2x1", "v4")):
     r = out[topology]
     assert r["chips"] == 4 and r["chip"]["name"] == chip and r["mesh"]["fsdp"] == 4
-    assert set(r["rows"]) == set(compile_task.STEPS) | {compile_task.WHOLE_PPO,
-                                                         compile_task.RESHARD}
+    assert set(r["rows"]) == set(CORE_STEPS) | {compile_task.WHOLE_PPO, compile_task.RESHARD}
     for name, row in r["rows"].items():
       assert row["fits"] and row["per_chip"] > 0 and row["time_s"] > 0, (topology, name)
       if name != compile_task.RESHARD:  # A copy: no model FLOPs, no tokens.
@@ -72,6 +76,21 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
     with open(os.path.join(workdir, "compile", f"{name}.md"), encoding="utf-8") as f:
       text = f.read()
     assert "| ppo_decode |" in text and f"TPU {chip}" in text
+
+
+@needs_libtpu
+def test_critic_free_updates_compile(tmp_path):
+  """DAPO's, GSPO's and REINFORCE++'s updates (experience and minibatch passes, each under its
+  block) compile for v5e:2x2 under fsdp=4 and fit, with their flops and passes counted."""
+  c = tiny_llama()
+  names = ("dapo_update", "gspo_update", "reinforce_pp_update")
+  c.compile.update(topology="v5e:2x2", steps=",".join(names))
+  rows = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]
+  assert set(rows) == set(names)
+  for name in names:
+    row = rows[name]
+    assert row["fits"] and row["per_chip"] > 0 and 0 < row["mfu"] <= 1, name
+    assert row["model_flops"] > 0 and row["tokens_per_s"] > 0, name
 
 
 def _smallest_weight_bytes(cfg: ModelConfig) -> float:

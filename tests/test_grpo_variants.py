@@ -14,6 +14,8 @@ import optax
 import pytest
 
 from rlhfjax.algorithms import grpo
+from rlhfjax.algorithms import online
+from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import transformer
@@ -21,7 +23,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.training.state import TrainState
 
 NEW_KEYS = ("cliprange_high", "overlong_buffer", "overlong_penalty_factor", "dynamic_sampling",
-            "importance_sampling_level")
+            "importance_sampling_level", "max_num_gen_batches")
 
 
 def _c(**kw) -> ml_collections.ConfigDict:
@@ -159,17 +161,58 @@ def test_gspo_token_has_gspo_value_and_a_gradient_per_token():
 
 def test_defaults_are_grpo_and_bad_settings_are_refused(tiny_config):
   c = tiny_config.grpo
-  assert [c[k] for k in NEW_KEYS] == [c.cliprange, 0, 1.0, False, "token"]
+  assert [c[k] for k in NEW_KEYS] == [c.cliprange, 0, 1.0, False, "token", 1]
   grpo.check_config(c, tiny_config.format.response_len)
   for key, value, match in (("loss_type", "dapo", "'bnpo' here"),
                             ("importance_sampling_level", "seq", "importance_sampling_level"),
                             ("overlong_buffer", 33, r"overlong_buffer must be in \[0, "
                                                     r"format.response_len \(32\)\]"),
-                            ("cliprange_high", 0.0, "cliprange_high must be > 0")):
+                            ("cliprange_high", 0.0, "cliprange_high must be > 0"),
+                            ("max_num_gen_batches", 0, "max_num_gen_batches must be an integer"),
+                            ("max_num_gen_batches", 3, "set grpo.dynamic_sampling=True")):
     bad = ml_collections.ConfigDict(c.to_dict())
     bad[key] = value
     with pytest.raises(ConfigError, match=match):
       grpo.check_config(bad, tiny_config.format.response_len)
+
+
+def test_the_papers_blocks_pass_their_checks(tiny_config):
+  """task=dapo and task=gspo: the grpo block under DAPO's and GSPO's settings, refill included."""
+  d, g = tiny_config.dapo, tiny_config.gspo
+  assert (d.cliprange, d.cliprange_high, d.loss_type, d.beta) == (0.2, 0.28, "bnpo", 0.0)
+  assert (d.dynamic_sampling, d.max_num_gen_batches) == (True, 10)
+  assert d.overlong_buffer == tiny_config.format.response_len // 5
+  assert (g.importance_sampling_level, g.cliprange, g.cliprange_high, g.beta,
+          g.loss_type) == ("sequence", 3e-4, 4e-4, 0.0, "grpo")
+  for task in ("dapo", "gspo"):
+    grpo.check_config(tiny_config[task], tiny_config.format.response_len, task)
+  bad = ml_collections.ConfigDict(d.to_dict())
+  bad.loss_type = "dapo"
+  with pytest.raises(ConfigError, match="dapo.loss_type 'dapo'.*task=dapo"):
+    grpo.check_config(bad, 32, "dapo")
+
+
+def test_refill_order_by_hand():
+  """Two groups wanted. Draw 0 keeps group 1, draw 1 none, draw 2 groups 0 and 1: the batch is
+  (0, 1) then (2, 0). Short of informative groups, the first draw's others fill it, in order."""
+  no, yes = False, True
+  assert online.refill_order([np.array([no, yes]), np.array([no, no]), np.array([yes, yes])],
+                             2) == [(0, 1), (2, 0)]
+  assert online.refill_order([np.array([yes, no, no]), np.array([no, no, no])],
+                             3) == [(0, 0), (0, 1), (0, 2)]
+  assert online.refill_order([np.array([yes, yes])], 2) == [(0, 0), (0, 1)]
+
+
+def test_refill_draws_other_prompts_as_a_pure_function():
+  """Draw j > 0 of a step is another order of the prompts, the same on every call (resume);
+  draw 0 is the order GRPO always had."""
+  first = pipeline.batch_indices(64, 8, 3, 5)
+  again = pipeline.batch_indices(64, 8, 3, 5, stream=0)
+  np.testing.assert_array_equal(first, again)
+  one = pipeline.batch_indices(64, 8, 3, 5, stream=1)
+  np.testing.assert_array_equal(one, pipeline.batch_indices(64, 8, 3, 5, stream=1))
+  assert not np.array_equal(one, first)
+  assert not np.array_equal(one, pipeline.batch_indices(64, 8, 3, 5, stream=2))
 
 
 EOS, PAD = 2, 0
@@ -228,6 +271,22 @@ def test_one_step_of_each_variant_on_the_tiny_block(tiny_config, models, name):
     np.testing.assert_allclose(m["overlong/frac_penalized"], 3 / 8)
   moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new.params["policy"], ref)
   assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_informative_groups_of_a_sampled_batch(tiny_config, models):
+  """The refill's test on the step's own rewards: the group whose four responses all lack an
+  eos (each scored no_eos_score) carries no gradient; with kl_in='reward' the KL makes them
+  differ, and both groups count."""
+  ref, rm = models
+  c = ml_collections.ConfigDict(tiny_config.grpo.to_dict())
+  c.update(VARIANTS["dapo"])
+  state = TrainState.create({"policy": jax.tree.map(jnp.copy, ref)}, optax.adam(1e-3))
+  tweaked = jax.tree.map(lambda x: x * 1.1, ref)  # A policy away from the reference.
+  fn = functools.partial(grpo.informative, cfg=CFG, c=c, eos_id=EOS)
+  np.testing.assert_array_equal(fn(state, ref, rm, _batch()), [True, False])
+  c.update(kl_in="reward", beta=0.1)
+  moved = TrainState.create({"policy": tweaked}, optax.adam(1e-3))
+  np.testing.assert_array_equal(fn(moved, ref, rm, _batch()), [True, True])
 
 
 def test_the_defaults_are_grpos_program(tiny_config):

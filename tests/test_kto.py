@@ -178,7 +178,7 @@ def test_binary_labels_then_kto_then_the_leaderboard(tiny_pipeline, tmp_path):
   valid = records.read_binary_strict(f"{workdir}/label/binary_valid.jsonl")
   assert (len(train), len(valid)) == (config.label.num_pairs, config.label.num_val_pairs)
   assert {f.split for f in train} == {"train"} and {f.annotator for f in train} == {"train_pool"}
-  assert all(f.policy == "sft-t1" and f.subreddit for f in train)
+  assert all(f.policy == "sft-t0.7" and f.subreddit for f in train)
   assert open(f"{workdir}/label/meta.json", encoding="utf-8").read() == pairs_meta
   assert os.path.exists(f"{workdir}/label/binary_meta.json")
   logged = metrics_lib.read_jsonl(f"{workdir}/kto/metrics.jsonl")

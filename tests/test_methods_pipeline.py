@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rlhfjax.algorithms import best_of_n
+from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
 from rlhfjax import main
@@ -232,15 +233,35 @@ def _online_workdir(tiny_pipeline, tmp_path, name: str) -> str:
   return other
 
 
-def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_path):
+def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_path,
+                                                            monkeypatch):
   config, _ = tiny_pipeline
   workdir = _online_workdir(tiny_pipeline, tmp_path, "online")
   changed = config.copy_and_resolve_references()
-  changed.stages = "rloo,grpo,reinforce_pp,online_dpo,eval"
+  changed.stages = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo,eval"
   changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
-  changed.eval.methods = "rloo,grpo,reinforce_pp,online_dpo"
+  changed.eval.methods = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo"
+  # DAPO's refill, made to happen: a group counts only when its prompt's token ids sum to an even
+  # number, so most first draws fall short. Every row trained on must then have such a prompt.
+  trained_prompts = []
+  informative = lambda state, ref, reward, batch, *, cfg, c, eos_id: (
+      batch["prompt"][::c.k].sum(-1) % 2 == 0)
+  monkeypatch.setattr(grpo, "informative", informative)
+  step = grpo.train_step
+
+  def recording_step(state, ref, reward, batch, rng, **kw):
+    if kw["c"].max_num_gen_batches > 1:
+      jax.debug.callback(lambda p: trained_prompts.append(np.asarray(p)),
+                         batch["prompt"].sum(-1))
+    return step(state, ref, reward, batch, rng, **kw)
+  monkeypatch.setattr(grpo, "train_step", recording_step)
   rows = main.run(changed, workdir)
-  assert {r["method"] for r in rows} == {"RLOO", "GRPO", "REINFORCE++", "online DPO"}
+  assert {r["method"] for r in rows} == {"RLOO", "GRPO", "DAPO", "GSPO", "REINFORCE++",
+                                         "online DPO"}
+  dapo = metrics_lib.read_jsonl(f"{workdir}/dapo/metrics.jsonl")
+  draws = [dapo[s]["dynamic_sampling/gen_batches"] for s in (1, 2)]
+  assert max(draws) > 1 and max(dapo[s]["dynamic_sampling/refilled_groups"] for s in (1, 2)) > 0
+  assert len(trained_prompts) == 2 and all((p % 2 == 0).all() for p in trained_prompts)
   for task, names in ONLINE_NAMES.items():
     c = changed[task]
     logged = metrics_lib.read_jsonl(f"{workdir}/{task}/metrics.jsonl")
@@ -252,8 +273,8 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
       assert len(json.load(f)["outputs"]) == config.eval.num_examples
   from rlhfjax.evaluation import leaderboard
   lines = leaderboard.curves(experiment.prepare(changed, workdir))
-  assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "REINFORCE++ (β=0.01)",
-                         "online DPO (β=0.1)"]
+  assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "DAPO (β=0.0)", "GSPO (β=0.0)",
+                         "REINFORCE++ (β=0.01)", "online DPO (β=0.1)"]
 
 
 def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):

@@ -22,8 +22,8 @@ from rlhfjax.parallel.mesh import mesh_shape
 from rlhfjax.training import checkpoint, loop, metrics
 from rlhfjax.training.state import TrainState
 
-ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "kto", "rloo", "grpo", "reinforce_pp",
-              "online_dpo")
+ALGORITHMS = ("sft", "rm", "ppo", "dpo", "simpo", "kto", "rloo", "grpo", "dapo_gspo",
+              "reinforce_pp", "online_dpo")
 MESHES = {"2x2x2": ALGORITHMS, "8x1x1": ("sft", "ppo"), "1x8x1": ("sft",)}  # As parallel_steps.py.
 
 

@@ -29,11 +29,12 @@ DAPO (Yu et al. 2025), each part its own knob, all off by default: the clip rang
 (ε_low = `cliprange`, ε_high = `cliprange_high`; DAPO's 0.2 and 0.28); the token-level loss
 ('bnpo'); overlong reward shaping (`overlong_buffer` L_cache, `overlong_penalty_factor`: the
 reward falls linearly over the last L_cache tokens before response_len); dynamic sampling
-(`dynamic_sampling`: the groups whose rewards are all equal leave the loss; DAPO refills the batch
-with new prompts, this step only drops them). GSPO (Zheng et al. 2025):
-`importance_sampling_level='sequence'` takes one ratio per response, the geometric mean of its
-token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its value and a gradient per
-token. docs/methods.md gives the formulas and the papers' settings.
+(`dynamic_sampling`: the groups whose rewards are all equal leave the loss; with
+`max_num_gen_batches` > 1 the loop samples new prompts in their place, `online.Refill`).
+GSPO (Zheng et al. 2025): `importance_sampling_level='sequence'` takes one ratio per response,
+the geometric mean of its token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its
+value and a gradient per token. task=dapo and task=gspo run this step under the `dapo` and `gspo`
+blocks, which hold the papers' settings; docs/methods.md gives the formulas.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import policy
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.rollout import engine
 from rlhfjax.training.state import TrainState
 
 SCALES = ("group", "batch", "none")
@@ -61,7 +63,8 @@ ZERO_STD = 1e-6  # A group whose rewards spread less than this carries no gradie
 # The DAPO and GSPO settings off: GRPO as before. A block without them (written before they
 # existed) reads these; `cliprange_high` defaults to `cliprange`, a symmetric clip.
 VARIANT_DEFAULTS = {"importance_sampling_level": "token", "overlong_buffer": 0,
-                    "overlong_penalty_factor": 1.0, "dynamic_sampling": False}
+                    "overlong_penalty_factor": 1.0, "dynamic_sampling": False,
+                    "max_num_gen_batches": 1}
 
 
 def knob(c: Any, name: str) -> Any:
@@ -181,6 +184,40 @@ def token_losses(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array, adv:
   return loss, kl, clipped
 
 
+def shaped_rewards(e: dict[str, jax.Array], batch: pipeline.Batch, c: Any,
+                   eos_id: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(rewards r_i [B] the advantages are made of, their metrics): `experience`'s scores (after the
+  truncation rule) plus the overlong penalty, less β Σ_t KL_t with `kl_in='reward'` (which reads
+  the log-probs `e` then holds)."""
+  rewards, stats = e["scores"], {}
+  penalty = length_shaping(batch, eos_id, c)
+  if penalty is not None:
+    rewards = rewards + penalty
+    stats.update({"overlong/penalty": penalty.mean(),
+                  "overlong/frac_penalized": (penalty < 0).astype(jnp.float32).mean()})
+  if c.kl_in == "reward":
+    m = batch["response_mask"].astype(jnp.float32)
+    rewards = rewards - c.beta * (kl_estimate(e["logprobs"], e["ref_logprobs"], c.kl_estimator)
+                                  * m).sum(-1)
+  return rewards, stats
+
+
+def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
+                cfg: ModelConfig, c: Any, eos_id: int) -> jax.Array:
+  """Which groups [B // k] of a sampled batch have rewards that differ (the refill's test, on the
+  same rewards the step's advantages use): the reward model alone, or the whole experience pass
+  where `kl_in='reward'` puts the policy's KL into the reward."""
+  group = online.group(c, c.k)
+  if c.kl_in == "reward":
+    e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
+  else:
+    scores, _ = engine.rewards_at_eos(reward_params, batch, cfg, eos_id,
+                                      c.no_eos_score if c.penalize_no_eos else None, group)
+    e = {"scores": scores}
+  rewards, _ = shaped_rewards(e, batch, c, eos_id)
+  return informative_groups(group_advantages(rewards, c.k, c.scale_rewards)[1])
+
+
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
                eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -188,17 +225,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   updates for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
-  m = batch["response_mask"].astype(jnp.float32)
-  rewards = e["scores"]
-  variant_stats = {}
-  penalty = length_shaping(batch, eos_id, c)
-  if penalty is not None:
-    rewards = rewards + penalty
-    variant_stats.update({"overlong/penalty": penalty.mean(),
-                          "overlong/frac_penalized": (penalty < 0).astype(jnp.float32).mean()})
-  if c.kl_in == "reward":
-    rewards = rewards - c.beta * (kl_estimate(e["logprobs"], e["ref_logprobs"], c.kl_estimator)
-                                  * m).sum(-1)
+  rewards, variant_stats = shaped_rewards(e, batch, c, eos_id)
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
   data = {**batch, "old_logprobs": e["logprobs"], "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
@@ -233,34 +260,47 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   return state, {**stats, **update_stats}
 
 
-def check_config(c: Any, response_len: int | None = None) -> None:
-  """Clear errors for GRPO settings that cannot work (`response_len`: the format's, which the
-  overlong buffer must fit in)."""
+def check_config(c: Any, response_len: int | None = None, task: str = "grpo") -> None:
+  """Clear errors for the settings of the GRPO block `task` (grpo, dapo, gspo) that cannot work
+  (`response_len`: the format's, which the overlong buffer must fit in)."""
   if c.loss_type == "dapo":
-    raise ConfigError("grpo.loss_type 'dapo' (TRL's name) is 'bnpo' here: the token mean over each "
-                      "minibatch; DAPO's other parts are their own knobs (cliprange_high, "
-                      "overlong_buffer, dynamic_sampling; docs/methods.md)")
+    raise ConfigError(f"{task}.loss_type 'dapo' (TRL's name) is 'bnpo' here: the token mean over "
+                      "each minibatch; DAPO's other parts are their own knobs (cliprange_high, "
+                      "overlong_buffer, dynamic_sampling, max_num_gen_batches), all set in the "
+                      "dapo block that task=dapo runs (docs/methods.md)")
   for key, allowed in (("scale_rewards", SCALES), ("loss_type", LOSS_TYPES),
                        ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
     if c[key] not in allowed:
-      raise ConfigError(f"grpo.{key} must be one of {allowed}, got {c[key]!r}")
+      raise ConfigError(f"{task}.{key} must be one of {allowed}, got {c[key]!r}")
   level = knob(c, "importance_sampling_level")
   if level not in IS_LEVELS:
-    raise ConfigError(f"grpo.importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
+    raise ConfigError(f"{task}.importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
   if not knob(c, "cliprange_high") > 0:
-    raise ConfigError(f"grpo.cliprange_high must be > 0, got {knob(c, 'cliprange_high')!r}")
+    raise ConfigError(f"{task}.cliprange_high must be > 0, got {knob(c, 'cliprange_high')!r}")
   buffer, most = knob(c, "overlong_buffer"), response_len
   if buffer < 0 or (most is not None and buffer > most):
     within = ">= 0" if most is None else f"in [0, format.response_len ({most})]"
-    raise ConfigError(f"grpo.overlong_buffer must be {within}, got {buffer!r}")
+    raise ConfigError(f"{task}.overlong_buffer must be {within}, got {buffer!r}")
   if not knob(c, "overlong_penalty_factor") >= 0:
-    raise ConfigError(f"grpo.overlong_penalty_factor must be >= 0, got "
+    raise ConfigError(f"{task}.overlong_penalty_factor must be >= 0, got "
                       f"{knob(c, 'overlong_penalty_factor')!r}")
-  online.check_sampling("grpo", c, c.k, "advantages are relative to the group")
+  draws = knob(c, "max_num_gen_batches")
+  if not (isinstance(draws, int) and draws >= 1):
+    raise ConfigError(f"{task}.max_num_gen_batches must be an integer >= 1 (1: no refill), got "
+                      f"{draws!r}")
+  if draws > 1 and not knob(c, "dynamic_sampling"):
+    raise ConfigError(f"{task}.max_num_gen_batches ({draws}) refills the groups that dynamic "
+                      f"sampling drops: set {task}.dynamic_sampling=True or leave it at 1")
+  online.check_sampling(task, c, c.k, "advantages are relative to the group")
 
 
-def run(config, workdir: str) -> TrainState:
-  c = config.grpo
-  check_config(c, config.format.response_len)
-  return online.run_policy(config, workdir, "grpo", train_step, c.k,
-                           online.minibatch_updates_per_step(c))
+def run(config, workdir: str, task: str = "grpo") -> TrainState:
+  """Trains (or resumes) the GRPO block `task` in `<workdir>/<task>`: grpo, or dapo and gspo (the
+  same step under their papers' settings), refilling dropped groups where `max_num_gen_batches`
+  allows more than one draw."""
+  c = config[task]
+  check_config(c, config.format.response_len, task)
+  draws = knob(c, "max_num_gen_batches")
+  refill = online.Refill(informative, draws) if draws > 1 else None
+  return online.run_policy(config, workdir, task, train_step, c.k,
+                           online.minibatch_updates_per_step(c), refill=refill)

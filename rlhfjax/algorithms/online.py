@@ -31,6 +31,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
 from rlhfjax.models import transformer
+from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.rollout import outputs
@@ -190,8 +191,27 @@ def adamw(c: Any, updates_per_step: int, trainable: Any = None) -> optax.Gradien
   return optimizer.adamw(c, c.steps * updates_per_step, trainable)
 
 
+@dataclasses.dataclass(frozen=True)
+class Refill:
+  """Dynamic sampling with a refill (DAPO): `informative(state, ref_params, reward_params, batch,
+  *, cfg, c, eos_id)` says which of a sampled batch's groups [B // k] carry a gradient; new prompts
+  are sampled, up to `max_draws` batches in all, until `rollout_batch / k` groups do."""
+  informative: Callable[..., jax.Array]
+  max_draws: int
+
+
+def refill_order(kept: list[np.ndarray], groups: int) -> list[tuple[int, int]]:
+  """(draw, group) of the `groups` groups a refilled batch holds: the informative ones (`kept[j]`
+  [G] for draw j) in draw order, then, if they are too few, the first draw's others in order
+  (which the step's dynamic sampling leaves out of the loss)."""
+  order = [(j, int(g)) for j, keep in enumerate(kept) for g in np.flatnonzero(keep)]
+  order += [(0, int(g)) for g in np.flatnonzero(~kept[0])]
+  return order[:groups]
+
+
 def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
-                 updates_per_step: int, annotate: Annotate | None = None) -> TrainState:
+                 updates_per_step: int, annotate: Annotate | None = None,
+                 refill: Refill | None = None) -> TrainState:
   """Runs (or resumes) a critic-free online method in `<workdir>/<task>`: the policy (params
   `{'policy'}`) starts from SFT and trains against the frozen SFT reference and reward model with
   `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`. With LoRA on the policy,
@@ -223,24 +243,30 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
+  if refill is not None:
+    refill = dataclasses.replace(refill, informative=jax.jit(functools.partial(
+        refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_id)))
   return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
-               annotate=annotate)
+               annotate=annotate, refill=refill)
 
 
 def run_policy(config, workdir: str, task: str, train_step: Callable, k: int,
-               updates_per_step: int, annotate: Callable | None = None) -> TrainState:
+               updates_per_step: int, annotate: Callable | None = None,
+               refill: Refill | None = None) -> TrainState:
   """`train_policy`, then the policy answers the test prompts for task=eval."""
   exp = experiment.prepare(config, workdir)
   state = train_policy(exp, task, train_step, k, updates_per_step,
-                       annotate(exp) if annotate else None)
+                       annotate(exp) if annotate else None, refill)
   outputs.save_policy(exp, task, state.params["policy"], sft.load_policy(exp))
   return state
 
 
 def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_params: Any,
-          reward_params: Any, meta: dict, *, k: int = 1, annotate: Annotate | None = None) -> Any:
+          reward_params: Any, meta: dict, *, k: int = 1, annotate: Annotate | None = None,
+          refill: Refill | None = None) -> Any:
   """Runs (or resumes) `exp.config[task].steps` iterations of `step_fn` in `<workdir>/<task>`
-  (`ref_params` None: the policy's LoRA base is the reference)."""
+  (`ref_params` None: the policy's LoRA base is the reference; `refill`: dynamic sampling's extra
+  draws, each a pure function of (seed, step, draw) so that a resumed run draws the same)."""
   config, c = exp.config, exp.config[task]
   check_sampling(task, c, k)
   examples = exp.splits["unlabeled"]
@@ -258,15 +284,44 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   state = loop.restore_if_any(ckpt, state, meta)
   start = int(state.step)
-  timing = {"generate": 0.0, "total": 0.0}
+  timing = {"generate": 0.0, "total": 0.0, "episodes": 0}
+
+  def draw(state, step, k_sample, j):
+    """Draw j of iteration `step`: its prompts' indices and `k` samples of each."""
+    idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step, stream=j)
+    rng = k_sample if j == 0 else jax.random.fold_in(k_sample, j)
+    timing["episodes"] += c.rollout_batch
+    return idx, engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
+                                    rng, exp, c.temperature, k=k)
+
+  def refilled(state, step, k_sample, first):
+    """The batch of `rollout_batch / k` groups that carry a gradient, from as few draws as
+    `refill` needs; with its metrics."""
+    draws = [first]
+    kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
+    groups = c.rollout_batch // k
+    while sum(int(x.sum()) for x in kept) < groups and len(draws) < refill.max_draws:
+      draws.append(draw(state, step, k_sample, len(draws)))
+      kept.append(to_host(refill.informative(state, ref_params, reward_params, draws[-1][1])))
+    order = refill_order(kept, groups) if len(draws) > 1 else None
+    m = {"dynamic_sampling/gen_batches": float(len(draws)),
+         "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ()))}
+    if order is None:
+      return first[1], [examples[i] for i in first[0] for _ in range(k)], m
+    host = [to_host(b) for _, b in draws]
+    picked = [(j, g * k + i) for j, g in order for i in range(k)]
+    batch = {name: np.stack([host[j][name][r] for j, r in picked]) for name in host[0]}
+    rows = [examples[draws[j][0][r // k]] for j, r in picked]
+    return exp.parallel.put(batch, exp.parallel.batch), rows, m
 
   def one_step(state, step):
     t0 = time.perf_counter()
-    idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step)
     k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    batch = engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
-                                k_sample, exp, c.temperature, k=k)
+    idx, batch = draw(state, step, k_sample, 0)
     rows = [examples[i] for i in idx for _ in range(k)]
+    refill_stats = {}
+    if refill is not None:
+      batch, rows, refill_stats = refilled(state, step, k_sample, (idx, batch))
     # Decoded once, for the annotators and the gold reward alike.
     texts = engine.decode(exp, batch["response"]) if annotate or with_gold else None
     if annotate is not None:
@@ -274,14 +329,14 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     state, m = step_fn(state, ref_params, reward_params, batch, k_update)
-    m = {name: float(v) for name, v in m.items()}
+    m = {**{name: float(v) for name, v in m.items()}, **refill_stats}
     if with_gold:
       m["objective/gold"] = float(gold.gold_rewards(rows, texts).mean())
     t2 = time.perf_counter()
     timing["generate"] += t1 - t0
     timing["total"] += t2 - t0
     m["time/generation_share"] = timing["generate"] / timing["total"]
-    m["time/episodes_per_s"] = (step + 1 - start) * c.rollout_batch / timing["total"]
+    m["time/episodes_per_s"] = timing["episodes"] / timing["total"]  # Every draw's samples.
     return state, m
 
   def held_out(params) -> dict[str, float]:

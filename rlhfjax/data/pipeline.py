@@ -178,13 +178,17 @@ def prompt_and(batch: Mapping[str, Any], response: str = "response") -> tuple[ja
   return tokens, mask
 
 
-def batch_indices(num_examples: int, batch_size: int, seed: int, step: int) -> np.ndarray:
-  """Example indices of batch `step`: each epoch is a fresh permutation; the remainder is dropped."""
+def batch_indices(num_examples: int, batch_size: int, seed: int, step: int,
+                  stream: int = 0) -> np.ndarray:
+  """Example indices of batch `step`: each epoch is a fresh permutation; the remainder is dropped.
+  `stream` j > 0: another order of the same examples, as pure a function of (seed, step, j) (the
+  extra draws of DAPO's dynamic sampling)."""
   per_epoch = num_examples // batch_size
   if per_epoch == 0:
     raise ValueError(f"batch size {batch_size} exceeds the {num_examples} examples")
   epoch, i = divmod(int(step), per_epoch)
-  perm = np.random.default_rng([seed, epoch]).permutation(num_examples)
+  perm = np.random.default_rng([seed, epoch] if stream == 0 else [seed, epoch, stream]
+                               ).permutation(num_examples)
   return perm[i * batch_size:(i + 1) * batch_size]
 
 

@@ -69,9 +69,13 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from rlhfjax.algorithms import dpo
+from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import kto
+from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
+from rlhfjax.algorithms import reinforce_pp
 from rlhfjax.algorithms import reward_model
+from rlhfjax.algorithms import rloo
 from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
@@ -95,8 +99,11 @@ from rlhfjax.training.state import TrainState
 # XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
 _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# The critic-free online methods whose update (experience and minibatch passes) compiles as
+# `<task>_update`; dapo and gspo are grpo.py under their own blocks.
+CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "reinforce_pp": reinforce_pp}
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
-         "best_of_n_score")
+         *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
 RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
@@ -492,6 +499,35 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
                              + (0.0 if trunk else _recomputed(value_cfg, b, seq)))
     out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f, f + recomputed,
                     b * seq * (1 + c.epochs), passes, planned))
+  for task, module in CRITIC_FREE.items():
+    if f"{task}_update" not in names:
+      continue
+    c = config[task]
+    par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
+    b = c.rollout_batch
+    tx = online.adamw(c, online.minibatch_updates_per_step(c))
+    policy_axes = transformer.param_axes(cfg)
+    state, sh = par.train_state(
+        lambda k: TrainState.create({"policy": transformer.init(k, cfg)}, tx),
+        {"policy": policy_axes}, tx, jax.random.key(0), abstract=True)
+    policy_cfg = exp.model_for("policy")
+    ref_sh = sh.params["policy"]
+    rm_sh = jax.tree.map(lambda x: x.sharding, rm_params)
+    fn = par.jit(functools.partial(module.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2),
+                 (sh, ref_sh, rm_sh, par.batch, par.replicated), (sh, par.replicated), (0,))
+    batch = {**_tokens(par, b, {"prompt": p_len, "response": r_len}),
+             "sampler_logprobs": jax.ShapeDtypeStruct((b, r_len), jnp.float32, sharding=par.batch)}
+    # Experience: policy, reference and reward forward over the rollout; then `epochs` passes of
+    # policy training over it (each prompt counted once per row: an upper bound with share_prompt).
+    policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
+    f = 2 * policy_fwd + flops.forward(cfg, b, seq, logit_tokens=lm_rm) + c.epochs * 3 * policy_fwd
+    update, experience = plan(c.minibatch_size, r_len, model=policy_cfg), plan(b, r_len)
+    planned = (update["train_step"] - update["activations"] + _per_chip((state.params, rm_params))
+               + max(update["activations"], experience["forward_step"] - experience["params"]))
+    out.append(Step(f"{task}_update", fn, (state, state.params["policy"], rm_params, batch, key),
+                    f, f + c.epochs * _recomputed(policy_cfg, b, seq), b * seq * (1 + c.epochs),
+                    {"policy": (2 + 3 * c.epochs, True), "reference": (1, False),
+                     "reward": (1, False)}, planned))
   if "best_of_n_score" in names:
     b = config.rm.eval_batch_size
     par.check_batch("rm.eval_batch_size", b)
