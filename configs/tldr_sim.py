@@ -209,7 +209,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # token-level loss, overlong shaping over the last fifth of response_len (4096 of 20480 tokens),
   # dynamic sampling refilled from new prompts in up to 10 generation batches, no KL term.
   c.dapo = dict(c.grpo, cliprange_high=0.28, loss_type="bnpo",
-                overlong_buffer=c.format.response_len // 5, dynamic_sampling=True,
+                overlong_buffer=c.format.get_ref("response_len") // 5, dynamic_sampling=True,
                 max_num_gen_batches=10, beta=0.0)
   # task=gspo: the GRPO step with GSPO's sequence-level ratio and the paper's clip range
   # (3e-4, 4e-4), no KL term, the per-sequence mean ('grpo'); GRPO's epochs and minibatches.
@@ -292,9 +292,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (comma-separated, e.g. 'v5e:4x4,v5p:2x2x2'; needs pip install -e '.[tpu]', no TPU): per-chip
   # bytes from XLA against the chip's HBM less `headroom`, analytic FLOPs, roofline time, MFU.
   # With mesh.auto the planner ranks the slice's mesh shapes and the best `auto_candidates` compile.
+  # The critic-free updates (rloo_update, grpo_update, dapo_update, gspo_update,
+  # reinforce_pp_update) compile when named here; left out by default, as the default stages do
+  # not run them and mesh.auto would choose a mesh for them too.
   c.compile = dict(topology="",
-                   steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,rloo_update,"
-                         "grpo_update,dapo_update,gspo_update,reinforce_pp_update,best_of_n_score",
+                   steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
                    headroom=0.05, auto_candidates=3)
 
   # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
@@ -336,7 +338,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       block.update(minibatch_size=4)
     for block in (c.grpo, c.dapo, c.gspo):
       block.update(k=4, minibatch_size=4)
-    c.dapo.update(overlong_buffer=c.format.response_len // 5)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
     for block in (c.dpo, c.simpo, c.kto):

@@ -241,11 +241,14 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   changed.stages = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo,eval"
   changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
   changed.eval.methods = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo"
-  # DAPO's refill, made to happen: a group counts only when its prompt's token ids sum to an even
-  # number, so most first draws fall short. Every row trained on must then have such a prompt.
+  # DAPO's refill, made to happen: on top of grpo.informative's own test a group counts only when
+  # its prompt's token ids sum to an even number, so most first draws fall short. Every row
+  # trained on must then have such a prompt.
   trained_prompts = []
+  real = grpo.informative
   informative = lambda state, ref, reward, batch, *, cfg, c, eos_id: (
-      batch["prompt"][::c.k].sum(-1) % 2 == 0)
+      real(state, ref, reward, batch, cfg=cfg, c=c, eos_id=eos_id)
+      & (batch["prompt"][::c.k].sum(-1) % 2 == 0))
   monkeypatch.setattr(grpo, "informative", informative)
   step = grpo.train_step
 

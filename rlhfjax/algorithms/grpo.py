@@ -30,7 +30,7 @@ DAPO (Yu et al. 2025), each part its own knob, all off by default: the clip rang
 ('bnpo'); overlong reward shaping (`overlong_buffer` L_cache, `overlong_penalty_factor`: the
 reward falls linearly over the last L_cache tokens before response_len); dynamic sampling
 (`dynamic_sampling`: the groups whose rewards are all equal leave the loss; with
-`max_num_gen_batches` > 1 the loop samples new prompts in their place, `online.Refill`).
+`max_num_gen_batches` > 1 the loop samples other prompts in their place, `online.Refill`).
 GSPO (Zheng et al. 2025): `importance_sampling_level='sequence'` takes one ratio per response,
 the geometric mean of its token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its
 value and a gradient per token. task=dapo and task=gspo run this step under the `dapo` and `gspo`

@@ -194,8 +194,9 @@ def adamw(c: Any, updates_per_step: int, trainable: Any = None) -> optax.Gradien
 @dataclasses.dataclass(frozen=True)
 class Refill:
   """Dynamic sampling with a refill (DAPO): `informative(state, ref_params, reward_params, batch,
-  *, cfg, c, eos_id)` says which of a sampled batch's groups [B // k] carry a gradient; new prompts
-  are sampled, up to `max_draws` batches in all, until `rollout_batch / k` groups do."""
+  *, cfg, c, eos_id)` says which of a sampled batch's groups [B // k] carry a gradient; other
+  prompts are sampled, up to `max_draws` batches in all, until `rollout_batch / k` groups do.
+  `train_policy` binds the keywords and jits it in the step's layout; `train` takes it bound."""
   informative: Callable[..., jax.Array]
   max_draws: int
 
@@ -243,9 +244,12 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
-  if refill is not None:
-    refill = dataclasses.replace(refill, informative=jax.jit(functools.partial(
-        refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_id)))
+  if refill is not None:  # The step's layout and shardings, less the rng.
+    refill = dataclasses.replace(refill, informative=par.jit(
+        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_id),
+        (shardings, None if ref_params is None else shardings.params["policy"],
+         par.shardings(reward_model.param_axes(exp), reward_params), par.batch),
+        par.replicated))
   return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
                annotate=annotate, refill=refill)
 
@@ -295,8 +299,8 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
                                     rng, exp, c.temperature, k=k)
 
   def refilled(state, step, k_sample, first):
-    """The batch of `rollout_batch / k` groups that carry a gradient, from as few draws as
-    `refill` needs; with its metrics."""
+    """The batch of `rollout_batch / k` groups, those that carry a gradient first, from as few
+    draws as `refill` needs (at most `max_draws`); with its metrics."""
     draws = [first]
     kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
     groups = c.rollout_batch // k

@@ -6,7 +6,9 @@
 For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/tpu.py) the config's
 model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
 pipeline runs — the SFT, reward-model, DPO, SimPO, KTO and PPO update steps, the PPO rollout's
-prefill and one decode step with its KV cache, best-of-N scoring — is lowered with the same
+prefill and one decode step with its KV cache, best-of-N scoring, and where `compile.steps` names
+them the critic-free updates (`<task>_update` for rloo, grpo, dapo, gspo, reinforce_pp) — is
+lowered with the same
 shardings as training and compiled by XLA for that TPU. The rollout's steps run in the rollout
 layout (parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it:
 the slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom`
@@ -526,7 +528,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
                + max(update["activations"], experience["forward_step"] - experience["params"]))
     out.append(Step(f"{task}_update", fn, (state, state.params["policy"], rm_params, batch, key),
                     f, f + c.epochs * _recomputed(policy_cfg, b, seq), b * seq * (1 + c.epochs),
-                    {"policy": (2 + 3 * c.epochs, True), "reference": (1, False),
+                    {"policy": (1 + 3 * c.epochs, True), "reference": (1, False),
                      "reward": (1, False)}, planned))
   if "best_of_n_score" in names:
     b = config.rm.eval_batch_size
