@@ -298,9 +298,10 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     return idx, engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
                                     rng, exp, c.temperature, k=k)
 
-  def refilled(state, step, k_sample, first):
+  def refilled(state, step, k_sample, first, rows):
     """The batch of `rollout_batch / k` groups, those that carry a gradient first, from as few
-    draws as `refill` needs (at most `max_draws`); with its metrics."""
+    draws as `refill` needs (at most `max_draws`), and its examples (`rows` of the first draw
+    alone); with its metrics."""
     draws = [first]
     kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
     groups = c.rollout_batch // k
@@ -311,7 +312,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     m = {"dynamic_sampling/gen_batches": float(len(draws)),
          "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ()))}
     if order is None:
-      return first[1], [examples[i] for i in first[0] for _ in range(k)], m
+      return first[1], rows, m
     host = [to_host(b) for _, b in draws]
     picked = [(j, g * k + i) for j, g in order for i in range(k)]
     batch = {name: np.stack([host[j][name][r] for j, r in picked]) for name in host[0]}
@@ -325,7 +326,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     rows = [examples[i] for i in idx for _ in range(k)]
     refill_stats = {}
     if refill is not None:
-      batch, rows, refill_stats = refilled(state, step, k_sample, (idx, batch))
+      batch, rows, refill_stats = refilled(state, step, k_sample, (idx, batch), rows)
     # Decoded once, for the annotators and the gold reward alike.
     texts = engine.decode(exp, batch["response"]) if annotate or with_gold else None
     if annotate is not None:
