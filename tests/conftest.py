@@ -1,6 +1,7 @@
 """Shared test helpers: the tiny quickstart config, and one run of the whole tiny pipeline that the
 tests of each stage inspect (compiled once per session)."""
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -14,6 +15,18 @@ _OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
 if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlhfjax-test-xla-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+# The tests' programs are tiny and compiled once each, so on a CPU LLVM's optimisation passes cost
+# far more than they save (a third of test_model.py's wall time): the suite compiles without them,
+# and the processes it starts inherit the flag. Every test compares results computed under the same
+# flag, so none depends on it; a user's runs compile with XLA's defaults. Set by hand, it is kept.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(
+      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+# pytest-xdist runs the suite in several processes (pytest.ini): on a GPU each would otherwise take
+# most of its memory when it starts.
+if "PYTEST_XDIST_WORKER" in os.environ:
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import pytest  # noqa: E402
 
@@ -39,14 +52,25 @@ def tiny_config():
 
 @pytest.fixture(scope="session")
 def tiny_pipeline(tmp_path_factory):
-  """(config, workdir) of a finished tiny run of every default stage."""
+  """(config, workdir) of a finished tiny run of every default stage: run once per test session,
+  by the first pytest-xdist worker that needs it while the others wait on a lock. Tests read it;
+  a test that writes copies it first."""
   from rlhfjax import main
   config = load_config()
-  workdir = str(tmp_path_factory.mktemp("pipeline"))
-  main.run(config, workdir)
+  shared = tmp_path_factory.getbasetemp()
+  if "PYTEST_XDIST_WORKER" in os.environ:
+    shared = shared.parent  # The directory every worker's base temp lives in.
+  workdir = str(shared / "pipeline")
+  with open(str(shared / "pipeline.lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = shared / "pipeline.done"
+    if not done.exists():
+      main.run(config, workdir)  # Resumes whatever a failed worker left.
+      done.touch()
   return config, workdir
 
 
 def pytest_sessionfinish(session, exitstatus):
   if _OWN_CACHE:
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+

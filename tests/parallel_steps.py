@@ -13,7 +13,9 @@ starts: `python tests/parallel_steps.py OUT_DIR`.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# The suite's XLA flags (tests/conftest.py) are kept.
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""),
+                                    "--xla_force_host_platform_device_count=8"]).strip()
 
 import functools  # noqa: E402
 import json  # noqa: E402

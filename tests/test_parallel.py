@@ -192,7 +192,8 @@ def one_and_two_processes(tiny_pipeline, tmp_path_factory):
   args = ["--config", "configs/tldr_sim.py:tiny", "--config.task=pipeline",
           "--config.stages=rm,ppo", "--config.rm.eps=1e-4", "--config.ppo.eps=1e-4"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  one = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  one = {**env, "XLA_FLAGS": " ".join([env.get("XLA_FLAGS", ""),
+                                       "--xla_force_host_platform_device_count=4"]).strip()}
   _run([sys.executable, "-m", "rlhfjax.main", *args, "--workdir", dirs["A"]], one)
   two = _run([sys.executable, "launch/multiprocess.py", "--processes", "2", "--devices_per_process", "2",
               "--timeout", "500", "--", *args, "--workdir", dirs["B"]], env)

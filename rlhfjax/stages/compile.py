@@ -494,7 +494,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     planned = ((1 if trunk else 2) * (update["train_step"] - update["activations"])
                + _per_chip((ref, reward))
                + max(update["activations"], experience["forward_step"] - experience["params"]))
-    passes = {"policy": (2 + 3 * c.epochs, True), "reference": (1, False), "reward": (1, False)}
+    passes = {"policy": (1 + 3 * c.epochs, True), "reference": (1, False), "reward": (1, False)}
     if not trunk:
       passes["value"] = (1 + 3 * c.epochs, True)
     recomputed = c.epochs * (_recomputed(policy_cfg, b, seq)
