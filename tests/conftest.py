@@ -73,4 +73,3 @@ def tiny_pipeline(tmp_path_factory):
 def pytest_sessionfinish(session, exitstatus):
   if _OWN_CACHE:
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-
