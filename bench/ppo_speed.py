@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhfjax import runtime
 from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
@@ -135,6 +136,7 @@ def main() -> None:
   args = ap.parse_args()
 
   config = load_config(args.config)
+  runtime.apply(config.get("runtime"), config.model.dtype)  # As rlhfjax.main runs.
   fmt = config.format
   cfg = ModelConfig.from_mapping(config.model.to_dict())
   policy, reward = random_models(cfg)

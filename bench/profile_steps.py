@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhfjax import runtime
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.models import heads
@@ -205,6 +206,7 @@ def main() -> None:
   args = ap.parse_args()
 
   config = load_config(args.config)
+  runtime.apply(config.get("runtime"), config.model.dtype)  # As rlhfjax.main runs.
   cfg = ModelConfig.from_mapping(config.model.to_dict())
   plen, rlen = config.format.prompt_len, config.format.response_len
   rng = np.random.default_rng(0)

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from rlhfjax import config_file
+from rlhfjax import runtime
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.models import transformer
@@ -50,6 +51,7 @@ def main() -> None:
   args = ap.parse_args()
 
   config = config_file.load(args.config)
+  runtime.apply(config.get("runtime"), config.model.dtype)  # As rlhfjax.main runs.
   workdir = args.workdir or os.path.join("/tmp", "rlhfjax-rollout-bench")
   exp = experiment.prepare(config, workdir)
   trained = bool(args.workdir)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlhfjax import config_file
+from rlhfjax import runtime
 from rlhfjax.algorithms import sft
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
@@ -30,8 +31,6 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.simulated import world
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
-
-_MALLOC_VARS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
 
 
 def timeit(fn, repeats: int) -> float:
@@ -89,6 +88,8 @@ def main() -> None:
   args = ap.parse_args()
 
   config = load_config(args.config)
+  # As `python -m rlhfjax.main` runs it: the config's precision and host allocator settings.
+  settings = runtime.apply(config.get("runtime"), config.model.dtype)
   mcfg = ModelConfig.from_mapping(config.model.to_dict())
   if args.variant:
     mcfg = mcfg.replace(variant=args.variant)
@@ -125,7 +126,7 @@ def main() -> None:
   out = {
       "device": f"{jax.devices()[0].device_kind} x{jax.device_count()}",
       "host": platform.processor() or platform.machine(),
-      "malloc_tuned": all(v in os.environ for v in _MALLOC_VARS),
+      "host_malloc": settings["host_malloc"],
       "model": f"{mcfg.variant} d{mcfg.d_model} L{mcfg.n_layers} V{mcfg.vocab_size}",
       "matmul_params": matmul_params(mcfg),
       "matmul_peak_gflops": peak / 1e9,

@@ -34,7 +34,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'highest' for float32 models (float32 matmuls are TF32 on GPUs, bf16 passes on TPUs otherwise),
   # JAX's 'default' for bf16 ones. deterministic: XLA's deterministic GPU reductions and scatters,
   # so a resumed run equals an uninterrupted one; False is the fast setting for bf16 GPU training.
-  c.runtime = dict(matmul_precision="auto", deterministic=True)
+  # host_malloc 'auto': where JAX computes on the CPU, glibc keeps each step's freed scratch buffer
+  # for the next step instead of unmapping it (about 15% faster steps here, a larger resident set);
+  # 'system' leaves glibc's defaults.
+  c.runtime = dict(matmul_precision="auto", deterministic=True, host_malloc="auto")
 
   # Data: the procedurally generated TL;DR world, AlpacaFarm-style splits (sizes in examples).
   # reference_noise scales how often human references miss or add a detail (0: ideal references).

@@ -1,7 +1,9 @@
-"""config.runtime: matmul precision and deterministic GPU ops reach JAX and XLA."""
+"""config.runtime: matmul precision and deterministic GPU ops reach JAX and XLA; glibc reuses XLA's
+large host buffers."""
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
@@ -76,7 +78,8 @@ def test_deterministic_flag_is_set_before_the_backend_starts(deterministic):
   flags = got["flags"].split()
   assert flags[0] == "--xla_force_host_platform_device_count=2"  # The user's flags are kept.
   assert (runtime.DETERMINISTIC_FLAG in flags) == deterministic
-  assert got["done"] == {"matmul_precision": "highest", "deterministic": str(deterministic).lower()}
+  assert got["done"] == {"matmul_precision": "highest", "deterministic": str(deterministic).lower(),
+                         "host_malloc": "reuse"}
   assert got["precision"] == "highest"
 
 
@@ -99,3 +102,53 @@ def test_main_checks_the_runtime_block_before_any_work(tiny_config, tmp_path, re
   with pytest.raises(ConfigError, match="runtime.matmul_precision"):
     main.run(tiny_config, str(tmp_path))
   assert not os.listdir(tmp_path)
+
+
+# A step's scratch buffer as XLA:CPU's worker threads use it: allocated, written, freed, 8 times.
+_MALLOC_CHILD = """
+import ctypes, json, resource, sys, threading
+from rlhfjax import runtime
+done = runtime.apply({"host_malloc": sys.argv[1]}, "float32")
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def steps():
+  for _ in range(8):
+    p = libc.malloc(64 << 20)
+    libc.memset(p, 1, 64 << 20)
+    libc.free(p)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+thread = threading.Thread(target=steps)
+thread.start()
+thread.join()
+print(json.dumps({"done": done["host_malloc"], "cpu": runtime.computes_on_cpu(),
+                  "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before}))
+"""
+
+
+def _malloc_child(setting: str, platforms: str) -> dict:
+  env = {**os.environ, "JAX_PLATFORMS": platforms}
+  out = subprocess.run([sys.executable, "-c", _MALLOC_CHILD, setting], env=env, cwd=ROOT,
+                       check=True, capture_output=True, text=True).stdout
+  return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                    reason="host_malloc sets glibc's malloc")
+def test_reuse_keeps_a_threads_large_buffer_instead_of_faulting_it_in_every_step():
+  pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")  # One buffer's pages.
+  reuse = _malloc_child("auto", "cpu")
+  assert reuse["cpu"] and reuse["done"] == "reuse"
+  assert reuse["faults"] <= 2 * pages  # Faulted in once, then reused (glibc alone: 8 times).
+  assert _malloc_child("system", "cpu")["done"] == "system"
+  elsewhere = _malloc_child("auto", "cuda")  # JAX will compute on a GPU: glibc's defaults.
+  assert not elsewhere["cpu"] and elsewhere["done"] == "system"
+
+
+def test_host_malloc_setting_is_checked_and_stays_once_the_backend_runs(restore):
+  with pytest.raises(ConfigError, match="runtime.host_malloc"):
+    runtime.apply({"host_malloc": "tcmalloc"}, "float32")
+  jax.devices()  # The backend runs: glibc's settings stay what they were.
+  first = runtime.apply({"host_malloc": "reuse"}, "float32")["host_malloc"]
+  assert runtime.apply({"host_malloc": "system"}, "float32")["host_malloc"] == first

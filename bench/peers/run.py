@@ -5,8 +5,8 @@
 
 Each work runs in its own fresh process, PyTorch side first, then rlhfjax, one after the other (never
 both at once), with the same thread count (`--threads`, default 2: torch.set_num_threads on one side,
-the CPU client's default on the other) and glibc's malloc thresholds raised for both (large buffers
-are reused rather than returned to the kernel on every step). The matmul peak is measured in the
+the CPU client's default on the other) and glibc set for both to reuse large freed buffers rather
+than return them to the kernel on every step (what rlhfjax's `runtime.host_malloc` does by itself). The matmul peak is measured in the
 same run, and each rlhfjax work is reported as FLOP/s and fraction of that peak; "ratio at the
 peak" is the PyTorch time over the time the work's least FLOPs (causal attention halved) take at
 that peak: the ratio no float32 implementation can pass on this machine. Absolute times
@@ -25,8 +25,9 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1000000000000", "MALLOC_TRIM_THRESHOLD_": "1000000000000",
-          "MALLOC_TOP_PAD_": "1073741824"}
+# One arena and no mmap: a worker thread's buffer over 32 MB otherwise gets a fresh mapping on every
+# call, whatever the thresholds say (rlhfjax/runtime.py).
+MALLOC = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "2147483647"}
 UNITS = {"sample": ("tokens_per_s", "new tok/s"), "prefill": ("prompt_tokens_per_s", "prompt tok/s"),
          "rm": ("tokens_per_s", "tok/s"), "ppo": ("episodes_per_s", "episodes/s"),
          "rloo": ("episodes_per_s", "episodes/s")}
