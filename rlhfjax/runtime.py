@@ -17,12 +17,13 @@ creates the backend):
     reductions and scatters, autotuning restricted to deterministic kernels). False is the fast
     setting for bfloat16 training on GPUs, where a resumed run then differs in the last bits.
   host_malloc: on a CPU, every call of a compiled step allocates its scratch buffer (300 MB for
-    the quickstart's SFT step) and frees it after. glibc hands a buffer that large, allocated by
-    one of XLA's worker threads, straight to the kernel and back (mmap and munmap), so every page
-    is faulted in and zeroed again on every step: a fifth of the quickstart's CPU time was the
-    kernel's. "reuse" makes glibc keep freed memory for the next step (one malloc arena, no mmap,
-    up to 2 GiB of free heap kept): the quickstart's SFT steps ran 15% faster on a 2-core CPU, for
-    a larger resident set. "auto" (default) is "reuse" where glibc is the C library and JAX will
+    the quickstart's SFT step) and frees it after. glibc hands a buffer that large straight to the
+    kernel and back (mmap and munmap; in a worker thread's arena even with mmap turned off), so
+    every page is faulted in and zeroed again on every step: a fifth of the quickstart's CPU time
+    was the kernel's. "reuse" makes glibc keep freed memory for the next step (one malloc arena,
+    no mmap, up to 2 GiB of free heap kept): the quickstart's SFT steps ran 15% faster on a 2-core
+    CPU, for a larger resident set. One arena means one malloc lock for every thread: measured on
+    2 cores only. "auto" (default) is "reuse" where glibc is the C library and JAX will
     compute on the CPU (JAX_PLATFORMS starts with cpu, or the host has no GPU or TPU device
     node); "system" leaves glibc's defaults. Set only before the backend starts (it governs the
     threads XLA creates then); afterwards it is left as it was.
@@ -71,15 +72,21 @@ def computes_on_cpu() -> bool:
   return not any(glob.glob(pattern) for pattern in _ACCELERATOR_NODES)
 
 
-def reuse_host_memory() -> bool:
+def _reuse_host_memory() -> bool:
   """Makes glibc keep freed memory for reuse instead of returning it to the kernel: one malloc
   arena (buffers a worker thread allocates come from the heap, not a fresh mapping), no mmap, and
-  up to 2 GiB of free heap kept. False where the C library is not glibc."""
+  up to 2 GiB of free heap kept. False where the C library is not glibc.
+
+  A thread that allocated before this keeps its own arena, and glibc hands the arena of a finished
+  thread to the next new one: call it before any other thread allocates (`python -m rlhfjax.main`
+  does; elsewhere MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 in the environment is the sure way)."""
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
-  libc = ctypes.CDLL(None)
-  return all(libc.mallopt(param, value) == 1 for param, value in
-             ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _KEEP_FREE_BYTES)))
+  mallopt = ctypes.CDLL(None).mallopt
+  mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+  done = [mallopt(param, value) for param, value in
+          ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _KEEP_FREE_BYTES))]
+  return all(ok == 1 for ok in done)
 
 
 _reusing = False  # glibc's settings, once made, stay for the rest of the process.
@@ -93,7 +100,7 @@ def _host_malloc(name: str) -> str:
   if name == "auto":
     name = "reuse" if computes_on_cpu() else "system"
   if name == "reuse" and not _reusing and not xla_bridge.backends_are_initialized():
-    _reusing = reuse_host_memory()
+    _reusing = _reuse_host_memory()
   return "reuse" if _reusing else "system"
 
 

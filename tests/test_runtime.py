@@ -78,8 +78,8 @@ def test_deterministic_flag_is_set_before_the_backend_starts(deterministic):
   flags = got["flags"].split()
   assert flags[0] == "--xla_force_host_platform_device_count=2"  # The user's flags are kept.
   assert (runtime.DETERMINISTIC_FLAG in flags) == deterministic
-  assert got["done"] == {"matmul_precision": "highest", "deterministic": str(deterministic).lower(),
-                         "host_malloc": "reuse"}
+  assert {k: v for k, v in got["done"].items() if k != "host_malloc"} == \
+      {"matmul_precision": "highest", "deterministic": str(deterministic).lower()}
   assert got["precision"] == "highest"
 
 
@@ -107,6 +107,7 @@ def test_main_checks_the_runtime_block_before_any_work(tiny_config, tmp_path, re
 # A step's scratch buffer as XLA:CPU's worker threads use it: allocated, written, freed, 8 times.
 _MALLOC_CHILD = """
 import ctypes, json, resource, sys, threading
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: 4 KiB pages, whatever THP's setting.
 from rlhfjax import runtime
 done = runtime.apply({"host_malloc": sys.argv[1]}, "float32")
 libc = ctypes.CDLL(None)
@@ -140,8 +141,9 @@ def test_reuse_keeps_a_threads_large_buffer_instead_of_faulting_it_in_every_step
   pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")  # One buffer's pages.
   reuse = _malloc_child("auto", "cpu")
   assert reuse["cpu"] and reuse["done"] == "reuse"
-  assert reuse["faults"] <= 2 * pages  # Faulted in once, then reused (glibc alone: 8 times).
-  assert _malloc_child("system", "cpu")["done"] == "system"
+  assert reuse["faults"] <= 2 * pages  # Faulted in once, then reused.
+  system = _malloc_child("system", "cpu")
+  assert system["done"] == "system" and system["faults"] >= 4 * pages  # glibc alone: 8 times.
   elsewhere = _malloc_child("auto", "cuda")  # JAX will compute on a GPU: glibc's defaults.
   assert not elsewhere["cpu"] and elsewhere["done"] == "system"
 

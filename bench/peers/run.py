@@ -5,8 +5,9 @@
 
 Each work runs in its own fresh process, PyTorch side first, then rlhfjax, one after the other (never
 both at once), with the same thread count (`--threads`, default 2: torch.set_num_threads on one side,
-the CPU client's default on the other) and glibc set for both to reuse large freed buffers rather
-than return them to the kernel on every step (what rlhfjax's `runtime.host_malloc` does by itself). The matmul peak is measured in the
+the CPU client's default on the other) and glibc set for both to reuse large freed buffers
+rather than return them to the kernel on every step (what rlhfjax's `runtime.host_malloc` does by
+itself). The matmul peak is measured in the
 same run, and each rlhfjax work is reported as FLOP/s and fraction of that peak; "ratio at the
 peak" is the PyTorch time over the time the work's least FLOPs (causal attention halved) take at
 that peak: the ratio no float32 implementation can pass on this machine. Absolute times
