@@ -16,13 +16,16 @@ if _OWN_CACHE:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="rlhfjax-test-xla-cache-")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
-# The tests' programs are tiny and compiled once each, so on a CPU LLVM's optimisation passes cost
-# far more than they save (a third of test_model.py's wall time): the suite compiles without them,
-# and the processes it starts inherit the flag. Every test compares results computed under the same
-# flag, so none depends on it; a user's runs compile with XLA's defaults. Set by hand, it is kept.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(
-      [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]).strip()
+# The tests' programs are tiny and compiled once each, so on a CPU the compile costs far more than
+# the code it makes saves: the suite compiles without LLVM's optimisation passes (a third of
+# test_model.py's wall time) and with XLA:CPU's older elemental emitters instead of its MLIR fusion
+# emitters (a third to two fifths of the rest of a training step's compile: tests/parallel_steps.py's
+# SFT, PPO and GRPO steps on one CPU device and on 2x2x2). The processes the suite starts inherit the flags. Every test compares
+# results computed under the same flags, so none depends on them; a user's runs compile with XLA's
+# defaults. A flag set by hand is kept.
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
 # pytest-xdist runs the suite in several processes (pytest.ini): on a GPU each would otherwise take
 # most of its memory when it starts.
 if "PYTEST_XDIST_WORKER" in os.environ:
