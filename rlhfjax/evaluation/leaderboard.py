@@ -31,7 +31,6 @@ import zlib
 from typing import Any
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
@@ -195,6 +194,8 @@ def plot(exp: experiment.Experiment, path: str) -> None:
   lines = curves(exp)
   panels = [(k, t) for k, t in PANELS if any(k in p for ps in lines.values() for p in ps)]
   panels = panels or list(PANELS)
+  # Imported here, not with the module: half a second at every start of the CLI.
+  from matplotlib.figure import Figure  # pylint: disable=import-outside-toplevel
   fig = Figure(figsize=(13 * len(panels) / 3, 3.8))  # No pyplot: no global state, no backend.
   axes = np.atleast_1d(fig.subplots(1, len(panels)))
   for ax, (key, title) in zip(axes, panels):

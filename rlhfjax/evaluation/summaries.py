@@ -8,18 +8,22 @@ table has no gold columns and ranks by ROUGE-L; instructions (Alpaca) get no ext
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-from rouge_score import rouge_scorer
 
 from rlhfjax.data import pipeline
 from rlhfjax.simulated import gold
 from rlhfjax.simulated import world
 
+if TYPE_CHECKING:
+  from rouge_score import rouge_scorer
+
 
 @functools.lru_cache(maxsize=1)
 def _scorer() -> rouge_scorer.RougeScorer:
+  # Imported when first used: rouge-score imports NLTK, 2 s at every start of the CLI.
+  from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel,redefined-outer-name
   return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 
 

@@ -45,17 +45,15 @@ import json
 import os
 import re
 import shutil
-from typing import Iterable, Iterator, Mapping, Sequence
-
-from nltk.stem import porter
-from rouge_score import rouge_scorer
-from rouge_score import tokenize
-from rouge_score import tokenizers
+from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from rlhfjax.errors import DataError
 from rlhfjax import files as files_lib
 from rlhfjax.simulated import world
 from rlhfjax.sources import reddit
+
+if TYPE_CHECKING:
+  from rouge_score import rouge_scorer
 
 HQ_THRESHOLD = 0.22  # TLDRHQ: mean of ROUGE-2 and ROUGE-L F1 of the oracle sentence.
 REASONS = ("deleted", "no_keyword", "short_post", "short_tldr", "tldr_not_shorter", "kept")
@@ -229,25 +227,35 @@ def read_pairs(path: str) -> Iterator[dict]:
       yield pair
 
 
-class _StemmingTokenizer(tokenizers.Tokenizer):
+class _StemmingTokenizer:
   """rouge-score's default tokenizer with its Porter stemmer (`use_stemmer=True`), the stems
-  memoised: stemming is most of the cost of scoring, and words repeat across a corpus."""
+  memoised: stemming is most of the cost of scoring, and words repeat across a corpus. rouge-score
+  and NLTK are imported here, not with the module: NLTK's import alone takes 2 s, and every
+  `python -m rlhfjax.main` imports this module."""
 
   def __init__(self):
+    from nltk.stem import porter  # pylint: disable=import-outside-toplevel
+    from rouge_score import tokenize  # pylint: disable=import-outside-toplevel
     self.stem = functools.lru_cache(maxsize=1 << 18)(porter.PorterStemmer().stem)
+    self._tokenize = tokenize.tokenize
 
   def tokenize(self, text: str) -> list[str]:
-    return tokenize.tokenize(text, self)
+    return self._tokenize(text, self)
+
+
+def _rouge_scorer(types: list[str]) -> rouge_scorer.RougeScorer:
+  from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel,redefined-outer-name
+  return rouge_scorer.RougeScorer(types, tokenizer=_StemmingTokenizer())
 
 
 @functools.lru_cache(maxsize=1)
 def _oracle_scorer() -> rouge_scorer.RougeScorer:
-  return rouge_scorer.RougeScorer(["rouge2", "rougeL"], tokenizer=_StemmingTokenizer())
+  return _rouge_scorer(["rouge2", "rougeL"])
 
 
 @functools.lru_cache(maxsize=1)
 def _scorer() -> rouge_scorer.RougeScorer:
-  return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=_StemmingTokenizer())
+  return _rouge_scorer(["rouge1", "rouge2", "rougeL"])
 
 
 def oracle(sentences: Sequence[str], tldr: str) -> tuple[int, float]:
