@@ -79,9 +79,9 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
     with open(os.path.join(workdir, "compile", f"{name}.md"), encoding="utf-8") as f:
       text = f.read()
     assert "| sft |" in text and f"TPU {chip}" in text
-  # The rollout steps carry the other models and the optimizer state as resident bytes.
   rows = out["v5e:2x2"]["rows"]
   assert rows["ppo_update"]["arguments"] > rows["sft"]["arguments"]
+  # The rollout steps carry the other models and the optimizer state as resident bytes.
   assert rows["ppo_decode"]["resident"] > 0 and rows["sft"]["resident"] == 0
 
 
@@ -244,13 +244,12 @@ def test_cheaper_ppo_layouts_hold_fewer_bytes(reports):
   arguments as task=compile lowers them, uncompiled: the reports compiled the default layout's
   step, and XLA's `arguments` row adds TPU tile padding, most of the bytes of a model this small."""
   devices = tpu.devices("v5e:2x2")
-  mesh = reports[0]["v5e:2x2"]["mesh"]
+  par = compile_task.Parallel(compile_task.topology_mesh(devices, reports[0]["v5e:2x2"]["mesh"]))
   args = {}
   for value_model, frozen in (("separate", ""), ("policy_trunk", ""), ("policy_trunk", "bfloat16")):
     c = tiny_llama()
     c.model.dtype = "bfloat16"
     c.ppo.update(value_model=value_model, frozen_dtype=frozen)
-    par = compile_task.Parallel(compile_task.topology_mesh(devices, mesh))
     step, = compile_task.steps(c, compile_task.model_config(c), par, ("ppo_update",), fast_domain=4)
     args[value_model, frozen] = compile_task._per_chip(step.args)  # pylint: disable=protected-access
   assert args["separate", ""] > args["policy_trunk", ""] > args["policy_trunk", "bfloat16"]
