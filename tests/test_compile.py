@@ -322,10 +322,12 @@ def test_topologies_and_accelerator_types():
 
 
 @needs_libtpu
-def test_importing_rlhfjax_silences_libtpu_on_a_cpu_host():
+@pytest.mark.parametrize("imports", ["rlhfjax, jax", "jax, rlhfjax"])
+def test_importing_rlhfjax_silences_libtpu_on_a_cpu_host(imports):
+  """Whether or not jax was imported first (as a script or notebook may do)."""
   env = {k: v for k, v in os.environ.items()
          if not k.startswith("TPU_") and k != "ALLOW_MULTIPLE_LIBTPU_LOAD"}
-  code = "import rlhfjax, jax; print(jax.devices()[0].platform)"
+  code = f"import {imports}; print(jax.devices()[0].platform)"
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        cwd=ROOT, timeout=120, check=True)
   assert out.stdout.strip() == "cpu"

@@ -56,13 +56,17 @@ def quiet_libtpu_without_tpu() -> None:
 
   libtpu installed on a CPU host otherwise prints TPU_WORKER_HOSTNAMES and accelerator-type errors
   at the first jax call (harmless: jax falls back to the CPU). Nothing is set on a TPU VM (it has
-  /dev/accel* or /dev/vfio devices) or where the user set any of these variables.
+  /dev/accel* or /dev/vfio devices) or where the user named a topology (TPU_ACCELERATOR_TYPE or
+  TPU_WORKER_HOSTNAMES); another of these variables that is already set keeps its value.
   """
   if not has_libtpu() or glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
     return
-  if any(k in os.environ for k in _CPU_HOST_ENV if k != "ALLOW_MULTIPLE_LIBTPU_LOAD"):
+  # Importing jax on a host without TPU chips sets TPU_SKIP_MDS_QUERY itself, so only the topology
+  # variables tell that the user chose one; this then works whether or not jax came first.
+  if any(k in os.environ for k in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")):
     return
-  os.environ.update(_CPU_HOST_ENV)
+  for key, value in _CPU_HOST_ENV.items():
+    os.environ.setdefault(key, value)
 
 
 def parse(topology: str) -> tuple[Chip, tuple[int, ...]]:
