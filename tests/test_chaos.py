@@ -19,12 +19,15 @@ def test_five_kills_end_as_the_uninterrupted_run(tiny_pipeline, tmp_path, monkey
   # they would finish the two stages before the first kill could land in them.
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
   rng, events, rounds = random.Random(0), [], 0
-  while len(events) < 5:
+  # On a fast CPU a relaunch can finish both stages before its kill lands; such a kill (while the
+  # process exits) is checked like the others but not counted, and a fresh workdir starts again.
+  in_stages = lambda: [e for e in events if e["stage"] in STAGES]
+  while len(in_stages()) < 5:
     rounds += 1
+    assert rounds <= 10, f"fewer than 5 kills landed in {STAGES} in 10 rounds: {events}"
     workdir = str(tmp_path / f"chaos{rounds}")
-    events += chaos.run_with_kills("configs/tldr_sim.py:tiny", workdir, 5 - len(events), rng,
+    events += chaos.run_with_kills("configs/tldr_sim.py:tiny", workdir, 5 - len(in_stages()), rng,
                                    print, window=(3.0, 6.0),
                                    extra=(f"--config.stages={','.join(STAGES)}",),
                                    stages=STAGES)
     assert chaos.differences(clean, workdir, only=STAGES) == [], events
-  assert len(events) == 5 and {e["stage"] for e in events} <= set(STAGES), events
