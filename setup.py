@@ -44,7 +44,7 @@ setuptools.setup(
         # The notebooks under docs/ run headless in the tests; the labeling site's tests drive it
         # over HTTP and in a real browser (Selenium with the system's chromium and chromedriver);
         # import-linter checks that the packages import in one direction (.importlinter).
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.9",
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "nbclient>=0.10", "nbformat>=5.9",
                  "ipykernel>=6.29", "httpx>=0.27", "selenium>=4.20", "import-linter>=2.1", *LABEL],
         # libtpu: run on TPU VMs, and on any host compile steps for TPU slices (task=compile).
         "tpu": ["jax[tpu]>=0.5"],

@@ -73,6 +73,19 @@ def tiny_pipeline(tmp_path_factory):
   return config, workdir
 
 
+# The test files that take longest on two cores (`--durations=0` summed per file, 2026-11-27),
+# longest first. pytest-xdist hands out whole files in collection order (pytest.ini:
+# `--dist loadfile --no-loadscope-reorder`); starting these first keeps one of them from running
+# alone at the end while the other worker has nothing left to do.
+_LONGEST_FIRST = ("test_parallel.py", "test_compile.py", "test_methods_pipeline.py",
+                  "test_chaos.py", "test_notebooks.py", "test_labeling_browser.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: files stay whole.
+
+
 def pytest_sessionfinish(session, exitstatus):
   if _OWN_CACHE:
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
