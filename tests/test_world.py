@@ -112,6 +112,12 @@ def test_components_hand_worked():
   assert c["accuracy"] == pytest.approx(-(3 * gold.WRONG_FACT + gold.DISTRACTOR))
   assert c["wrong_facts"] == 3 and c["irrelevant_details"] == 1
   assert c["fluency"] == pytest.approx(-gold.NO_END)
+  assert gold.wrong_facts(s, "My (26M) boyfriend (24F) and my sister forgot my birthday. Milo") == [
+      "poster's age: swapped", "other party's age: swapped", "relation"]
+  # The poster's age another number (27), the other party's the right number with the wrong gender
+  # (26F), a feeling and a number (5) that the situation does not have.
+  assert gold.wrong_facts(s, "I (27F) feel sad: my boyfriend (26F) forgot my birthday 5 times.") == [
+      "poster's age: another number", "other party's age: gender", "feeling", "number"]
 
 
 def test_the_main_problem_and_the_question_asked():

@@ -54,6 +54,52 @@ def _event_mentioned(words: set[str], event: str) -> bool:
   return all(_has_any(words, group) for group in world.EVENTS[event][3])
 
 
+def _ages(s: world.Situation, tokens: Sequence[str]) -> tuple[bool, bool, list[str]]:
+  """Whether the poster's and the other party's age+gender are given right, and each wrong one,
+  named by whose and how: the other person's number ("swapped"), the right number with the wrong
+  gender, or another number. The age token right after the relation word is the other party's,
+  the rest the poster's."""
+  rel_word = s.relation.split()[-1]
+  other_at = {i + 1 for i, t in enumerate(tokens[:-1]) if t == rel_word}
+  poster_ok = other_ok = False
+  wrong = []
+  for i, t in enumerate(tokens):
+    m = _AGE.match(t)
+    if not m:
+      continue
+    whose = "other party" if i in other_at else "poster"
+    want = (s.other_age, s.other_gender) if i in other_at else (s.poster_age, s.poster_gender)
+    age = int(m.group(1))
+    ok = (age, m.group(2).upper()) == want
+    if i in other_at:
+      other_ok |= ok
+    else:
+      poster_ok |= ok
+    if not ok:
+      how = ("gender" if age == want[0] else
+             "swapped" if age in (s.poster_age, s.other_age) else "another number")
+      wrong.append(f"{whose}'s age: {how}")
+  return poster_ok, other_ok, wrong
+
+
+def _wrong_non_ages(s: world.Situation, words: set[str]) -> list[str]:
+  """The wrong facts other than ages: a relation, an event or a feeling not in the situation, a
+  number not in it."""
+  allowed_numbers = {str(s.poster_age), str(s.other_age)}
+  if s.duration:
+    allowed_numbers.add(s.duration.split()[0])
+  return (["relation" for w, r in _RELATION_WORDS.items() if w in words and r != s.relation]
+          + ["event" for e in world.EVENTS if e not in s.events and _event_mentioned(words, e)]
+          + ["feeling" for f in world.FEELINGS if f != s.feeling and f in words]
+          + ["number" for t in words if t.isdigit() and t not in allowed_numbers])
+
+
+def wrong_facts(situation: world.Situation, summary: str) -> list[str]:
+  """Each fact the summary gets wrong, by kind: what gold's accuracy penalty counts."""
+  tokens = _WORD.findall(summary.lower())
+  return _ages(situation, tokens)[2] + _wrong_non_ages(situation, set(tokens))
+
+
 def gold_components(situation: world.Situation | None, summary: str) -> dict[str, float]:
   """Coverage, the three penalties (as negative numbers) and their total; with the accuracy
   penalty's two counts, `wrong_facts` and `irrelevant_details`."""
@@ -66,22 +112,7 @@ def gold_components(situation: world.Situation | None, summary: str) -> dict[str
   tokens = _WORD.findall(summary.lower())
   words = set(tokens)
   rel_word = s.relation.split()[-1]
-
-  # Ages: the age token right after the relation word is the other party's, the rest the poster's.
-  other_at = {i + 1 for i, t in enumerate(tokens[:-1]) if t == rel_word}
-  poster_ok = other_ok = False
-  wrong = 0
-  for i, t in enumerate(tokens):
-    m = _AGE.match(t)
-    if not m:
-      continue
-    want = (s.other_age, s.other_gender) if i in other_at else (s.poster_age, s.poster_gender)
-    ok = (int(m.group(1)), m.group(2).upper()) == want
-    wrong += not ok
-    if i in other_at:
-      other_ok |= ok
-    else:
-      poster_ok |= ok
+  poster_ok, other_ok, wrong_ages = _ages(s, tokens)
 
   facts = {"relation": rel_word in words, "poster": poster_ok, "other": other_ok,
            "feeling": s.feeling in words,
@@ -95,13 +126,7 @@ def gold_components(situation: world.Situation | None, summary: str) -> dict[str
   weights["main_event"] = WEIGHTS["main_event"]
   coverage = sum(weights[k] for k, v in facts.items() if v) / sum(weights.values())
 
-  wrong += sum(1 for w, r in _RELATION_WORDS.items() if w in words and r != s.relation)
-  wrong += sum(1 for e in world.EVENTS if e not in s.events and _event_mentioned(words, e))
-  wrong += sum(1 for f in world.FEELINGS if f != s.feeling and f in words)
-  allowed_numbers = {str(s.poster_age), str(s.other_age)}
-  if s.duration:
-    allowed_numbers.add(s.duration.split()[0])
-  wrong += sum(1 for t in words if t.isdigit() and t not in allowed_numbers)
+  wrong = len(wrong_ages) + len(_wrong_non_ages(s, words))
   irrelevant = sum(1 for _, v in s.distractors if v in words)
   accuracy = -(WRONG_FACT * wrong + DISTRACTOR * irrelevant)
 
