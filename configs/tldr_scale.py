@@ -34,7 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # FSDP over the whole slice; task=compile with --config.mesh.auto=True tries the other shapes.
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   # Global batches (sequences; rm, dpo and simpo count pairs, kto responses).
-  c.sft.update(batch_size=64, lr=1e-5, warmup_steps=50)
+  c.sft.update(batch_size=64, steps=800, lr=1e-5, warmup_steps=50)
   c.rm.update(batch_size=32, eval_batch_size=64, lr=5e-6, likelihood_weight=0.0,
               head_init_scale=1.0)
   c.dpo.update(batch_size=32, lr=5e-7)

@@ -77,10 +77,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # one); task=memory shows what each costs.
   c.remat = dict(sft="", rm="", policy="", value="")
 
-  # Supervised fine-tuning on the reference summaries (loss on summary tokens only).
+  # Supervised fine-tuning on the reference summaries (loss on summary tokens only). 1,600 steps
+  # (about 4 epochs of the SFT split): the validation loss stops falling there; at 800 it was still
+  # falling, and that model's wrong facts and disfluencies decided the reward model's hardest pairs
+  # (docs/research/world_v2.md, "Training the SFT model to its plateau").
   # Every training block's skip_nonfinite: 0 stops the run at the first non-finite loss or gradient
   # norm (before saving it); N > 0 drops such updates and counts them, stopping after N in a row.
-  c.sft = dict(batch_size=32, steps=800, lr=6e-3, warmup_steps=30, schedule="cosine",
+  c.sft = dict(batch_size=32, steps=1600, lr=6e-3, warmup_steps=30, schedule="cosine",
                end_lr_frac=0.1, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
                skip_nonfinite=0, log_every=25, eval_every=100, eval_batches=4)
 
