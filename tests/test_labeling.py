@@ -125,9 +125,14 @@ def labeler(s: store_lib.Store, name: str) -> int:
   return s.read().execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()[0]
 
 
+def seen(row) -> dict:
+  """The pair and order an assignment's page showed: what every submission names."""
+  return {"item_id": row["id"], "swapped": bool(row["swapped"])}
+
+
 def finish(s, who, row, preference=0.0, submission=None):
   return s.submit(who, row["assignment_id"], preference, {"extra": {}}, {"preference": "left"},
-                  submission or f"{who}-{row['assignment_id']}", 1.0)
+                  submission or f"{who}-{row['assignment_id']}", 1.0, **seen(row))
 
 
 def test_each_pair_goes_to_k_distinct_labelers_never_twice(tmp_path):
@@ -247,9 +252,17 @@ def page_ids(html: str) -> tuple[str, str]:
           re.search(r'data-assignment="(\d+)"', html).group(1))
 
 
+def shown(c, assignment) -> dict:
+  """The pair and order the assignment's page shows (nothing when it is not this labeler's)."""
+  html = c.get(f"/label/{assignment}").text
+  found = re.search(r'data-pair="(\d+)" data-swapped="(\d)"', html)
+  return {"pair": int(found.group(1)), "swapped": int(found.group(2))} if found else {}
+
+
 def post_label(c, assignment, csrf, answers, submission="s", **headers):
   return c.post(f"/label/{assignment}", headers=headers,
-                json={"csrf": csrf, "submission": submission, "answers": answers, "seconds": 2})
+                json={"csrf": csrf, "submission": submission, "answers": answers, "seconds": 2,
+                      **shown(c, assignment)})
 
 
 def test_sign_in_once_with_a_safe_cookie(tmp_path):
@@ -308,7 +321,7 @@ def test_label_page_escapes_model_text_and_stores_the_label(tmp_path):
   csrf, assignment = page_ids(html)
   response = post_label(c, assignment, csrf, stiennon_answers(2))
   assert response.status_code == 200 and response.json()["status"] == "saved"
-  assert response.json()["progress"] == {"mine": 1, "open_to_me": 3}
+  assert response.json()["progress"] == {"mine": 1, "everyone": 1, "open_to_me": 3}
   row = site.store.labels()[0]
   assert row["preference"] == (1.0 if row["swapped"] else 0.0)
   assert json.loads(row["answers"])["extra"]["confidence"] == (8 if row["swapped"] else 2)
@@ -321,9 +334,10 @@ def test_form_post_without_javascript(tmp_path):
   site = Site(tmp_path, ALPACA, gold_every=0)
   c = site.client("ada")
   csrf, assignment = page_ids(c.get("/").text)
-  response = c.post(f"/label/{assignment}", data={"csrf": csrf, "preference": "tie"},
+  response = c.post(f"/label/{assignment}", data={"csrf": csrf, "preference": "tie",
+                                                  **shown(c, assignment)},
                     follow_redirects=False)
-  assert response.status_code == 303
+  assert response.status_code == 303 and response.headers["location"] == "/?did=saved"
   assert site.store.labels()[0]["preference"] == 0.5
 
 
@@ -428,7 +442,7 @@ def test_export_keeps_ties_and_ratings_leaves_out_gold_and_reads_back(tmp_path, 
       p, rating = answers[int(row["uid"], 16) % 3]
       answers_ab = {"axes_a": {"overall": 7}, "axes_b": {"overall": 1},
                     "extra": {"confidence": rating}}
-      s.submit(w, row["assignment_id"], p, answers_ab, {}, "x", 1.0)
+      s.submit(w, row["assignment_id"], p, answers_ab, {}, "x", 1.0, **seen(row))
   paths = comparisons.export(s.labels(), str(tmp_path / "out"), layout, "stiennon")
   got = records.read_strict(paths["train"], layout) + records.read_strict(paths["valid"], layout)
   assert len(got) == 6  # 3 pairs x 2 labelers, gold left out.
@@ -481,7 +495,8 @@ def test_load_export_and_reward_model_files(tiny_pipeline, tmp_path):
   who = s.read().execute("SELECT id FROM labelers").fetchone()[0]
   for p in (0.0, 0.5, 1.0):
     row = s.next_assignment(who)
-    s.submit(who, row["assignment_id"], p, {"extra": {"confidence": 5}}, {}, "x", None)
+    s.submit(who, row["assignment_id"], p, {"extra": {"confidence": 5}}, {}, "x", None,
+             **seen(row))
   config.labeling.export_dir = str(tmp_path / "export")
   paths = tasks.export(config, workdir)
   comps = (records.read_strict(paths["train"], "openai") +
@@ -873,7 +888,7 @@ def test_binary_report_and_export_hand_worked(tmp_path):
     w = labeler(s, who)
     while (row := s.next_assignment(w)) is not None:
       s.submit(w, row["assignment_id"], mine[row["prompt_id"]], {"extra": {}}, {},
-               who + row["prompt_id"], 1.0)
+               who + row["prompt_id"], 1.0, **seen(row))
   js = report.judgements(s.labels(), single=True)
   assert not any(j.swapped for j in js)  # Whatever the store drew: one response has no sides.
   stats = report.labelers(js)
@@ -930,7 +945,8 @@ def test_binary_load_from_every_source_and_export_for_kto(tiny_pipeline, tmp_pat
   who = s.read().execute("SELECT id FROM labelers").fetchone()[0]
   for value in (1.0, 0.0, 1.0):
     row = s.next_assignment(who)
-    s.submit(who, row["assignment_id"], value, {"extra": {}}, {"label": "x"}, str(value), None)
+    s.submit(who, row["assignment_id"], value, {"extra": {}}, {"label": "x"}, str(value), None,
+             **seen(row))
   config.labeling.export_dir = str(tmp_path / "export")
   out = tasks.export(config, workdir)
   got = records.read_binary_strict(out["train"])

@@ -41,6 +41,7 @@ from typing import Any
 import urllib.parse
 
 import jinja2
+import markupsafe
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool as in_thread  # SQLite blocks.
 from starlette.exceptions import HTTPException
@@ -151,9 +152,19 @@ class AccessLog:
                1000 * (time.perf_counter() - start), who)
 
 
-def _when(t: float | None) -> str:
-  return (datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-          if t else "—")
+# What the page says after an action (`/?did=...`), in the status bar of the next page.
+NOTICES = {"saved": "Saved.", "revised": "Changed: your new answer replaces the earlier one.",
+           "skipped": "Skipped: this pair will not come back to you.",
+           "flagged": "Flag sent: an admin will read it; the pair is held until then."}
+
+
+def _when(t: float | None) -> markupsafe.Markup | str:
+  """A time in UTC, marked up for the page's script to add the reader's local time beside it."""
+  if not t:
+    return "—"
+  moment = datetime.datetime.fromtimestamp(t, datetime.timezone.utc)
+  return markupsafe.Markup('<time datetime="{}">{}</time>').format(
+      moment.isoformat(timespec="seconds"), moment.strftime("%Y-%m-%d %H:%M UTC"))
 
 
 def _first_words(text: str, n: int = 12) -> str:
@@ -164,11 +175,12 @@ def _first_words(text: str, n: int = 12) -> str:
 def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                session_s: float = 12 * 3600, login_per_minute: int = 10,
                public_url: str = "", guidelines: str = "", token_s: float = 72 * 3600,
-               export_rules: ExportRules = ExportRules()) -> Starlette:
+               export_rules: ExportRules = ExportRules(), goal: int = 0) -> Starlette:
   """The app for one labeling database. `public_url` is its address behind a proxy (its origin is
   also accepted, an https one makes the cookie Secure, and invitation links use it);
   `guidelines` is the Markdown of the guidelines page ('' : the protocol's own); `token_s` is how
-  long an invitation link works."""
+  long an invitation link works; `goal` the labels each labeler is asked for (0: none; the header
+  shows each labeler's share of all labels either way)."""
   parts = urllib.parse.urlsplit(public_url)
   public_origin = f"{parts.scheme}://{parts.netloc}" if parts.netloc else ""
   secure_cookie = parts.scheme == "https"
@@ -193,6 +205,11 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     if who is not None:
       request.state.who = who["name"]
     return who
+
+  async def ended_by_admin(request: Request) -> bool:
+    """Whether the request's session was ended by an admin revoking its labeler."""
+    session = request.cookies.get(COOKIE)
+    return bool(session) and await in_thread(store.ended, session) == "revoked"
 
   async def signed_in(request: Request) -> sqlite3.Row:
     """The labeler, or a redirect to the sign-in form (raised)."""
@@ -225,15 +242,15 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     check_csrf(request, who, form.get("csrf"))
     return {k: v for k, v in form.items() if isinstance(v, str)}
 
-  def login_form(status: int = 200, error: str = "") -> HTMLResponse:
+  def login_form(status: int = 200, error: str = "", revoked: bool = False) -> HTMLResponse:
     csrf = secrets.token_urlsafe(16)
-    response = page("login.html", status, csrf=csrf, error=error)
+    response = page("login.html", status, csrf=csrf, error=error, revoked=revoked)
     response.set_cookie(LOGIN_COOKIE, csrf, max_age=3600, httponly=True, samesite="strict",
                         secure=secure_cookie, path="/login")
     return response
 
   async def login_page(request: Request) -> Response:
-    return login_form()
+    return login_form(revoked=await ended_by_admin(request))
 
   async def login(request: Request) -> Response:
     ip = client_ip(request)
@@ -279,7 +296,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return ((row["response_b"], row["response_a"]) if row["swapped"]
             else (row["response_a"], row["response_b"]))
 
-  async def label_page(who: sqlite3.Row, row: sqlite3.Row, status: int = 200) -> HTMLResponse:
+  async def label_page(who: sqlite3.Row, row: sqlite3.Row, status: int = 200,
+                       notice: str = "") -> HTMLResponse:
     if single:  # One response: nothing to compare, nothing marked.
       marked_left, marked_right = [(row["response_a"], False)], []
     else:
@@ -288,15 +306,16 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return page("label.html", status, who=who, row=row, left=marked_left, right=marked_right,
                 chosen=chosen, progress=await in_thread(store.my_progress, who["id"]),
                 csrf=who["csrf"], last=await in_thread(store.last_label, who["id"]),
-                max_comment=MAX_COMMENT)
+                max_comment=MAX_COMMENT, notice=notice, goal=goal)
 
   async def home(request: Request) -> Response:
     who = await signed_in(request)
     row = await in_thread(store.next_assignment, who["id"])
+    notice = NOTICES.get(request.query_params.get("did", ""), "")
     if row is None:
-      return page("finished.html", who=who, csrf=who["csrf"],
+      return page("finished.html", who=who, csrf=who["csrf"], notice=notice, goal=goal,
                   progress=await in_thread(store.my_progress, who["id"]))
-    return await label_page(who, row)
+    return await label_page(who, row, notice=notice)
 
   async def own(who: sqlite3.Row, assignment_id: int) -> sqlite3.Row:
     try:
@@ -311,6 +330,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   async def submit(request: Request) -> Response:
     who = await labeler(request)
     if who is None:
+      if await ended_by_admin(request):
+        return JSONResponse({"error": "an admin signed you out", "reason": "revoked"}, 401)
       return JSONResponse({"error": "not signed in"}, 401)
     as_json = request.headers.get("content-type", "").startswith("application/json")
     try:
@@ -322,7 +343,13 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     check_csrf(request, who, body.get("csrf"))
     row = await own(who, request.path_params["assignment"])
     answers = body.get("answers") if as_json else {
-        k: v for k, v in body.items() if k not in ("csrf", "submission", "seconds")}
+        k: v for k, v in body.items() if k not in ("csrf", "submission", "seconds", "pair",
+                                                   "swapped")}
+    try:  # What the labeler saw: the pair and its order, which the store checks.
+      item_id, swapped = int(body["pair"]), {"0": False, "1": True}[str(int(body["swapped"]))]
+    except (KeyError, TypeError, ValueError):
+      return JSONResponse({"error": "the answer does not say which pair and order it was given "
+                                    "on (pair, swapped): reload the page and answer again"}, 400)
     if not isinstance(answers, dict) or not all(isinstance(v, str) for v in answers.values()):
       return JSONResponse({"error": "answers must map questions to option values"}, 400)
     submission = str(body.get("submission") or secrets.token_hex(8))[:64]
@@ -337,10 +364,16 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     except protocols.InvalidAnswer as e:
       return JSONResponse({"error": str(e)}, 400)
     stored = {"axes_a": label.axes_a, "axes_b": label.axes_b, "extra": label.extra}
-    status = await in_thread(store.submit, who["id"], row["assignment_id"], label.preference,
-                             stored, answers, submission, seconds)
+    try:
+      status = await in_thread(store.submit, who["id"], row["assignment_id"], label.preference,
+                               stored, answers, submission, seconds, item_id=item_id,
+                               swapped=swapped)
+    except store_lib.Mismatch as e:
+      log.warning("label refused: %s sent assignment %d an answer for another pair (%s)",
+                  who["name"], row["assignment_id"], e)
+      return JSONResponse({"error": str(e)}, 409)
     if not as_json:
-      return RedirectResponse("/", 303)
+      return RedirectResponse("/?did=saved", 303)
     return JSONResponse({"status": status, "assignment": row["assignment_id"],
                          "progress": await in_thread(store.my_progress, who["id"])})
 
@@ -351,7 +384,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       await in_thread(store.skip, who["id"], request.path_params["assignment"])
     except store_lib.NotFound:
       raise HTTPException(404, "no open assignment to skip") from None
-    return RedirectResponse("/", 303)
+    return RedirectResponse("/?did=skipped", 303)
 
   async def flag(request: Request) -> Response:
     who = await signed_in(request)
@@ -364,7 +397,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     except store_lib.NotFound:
       raise HTTPException(404, "no such assignment") from None
     log.info("flag: %s flagged assignment %d", who["name"], request.path_params["assignment"])
-    return RedirectResponse("/", 303)
+    return RedirectResponse("/?did=flagged", 303)
 
   async def mine(request: Request) -> Response:
     who = await signed_in(request)
@@ -375,7 +408,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       rows.append({"assignment_id": r["assignment_id"], "updated": r["updated"],
                    "title": r["title"], "post": _first_words(r["prompt"]),
                    "answer": options[first].get(shown.get(first), shown.get(first))})
-    return page("mine.html", who=who, rows=rows, csrf=who["csrf"],
+    return page("mine.html", who=who, rows=rows, csrf=who["csrf"], goal=goal,
                 progress=await in_thread(store.my_progress, who["id"]))
 
   async def guidelines(request: Request) -> Response:

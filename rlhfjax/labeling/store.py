@@ -6,7 +6,11 @@ their own, which keeps the slowest waits short) committed with `synchronous=FULL
 answers: a label the page was told is saved survives a SIGKILL or a power cut. A label belongs to
 exactly one assignment (its primary key), so a retried submission cannot duplicate it; a submission
 id already applied to an assignment is acknowledged again and changes nothing (an old retry cannot
-undo a later revision), a new one from the same labeler revises the label.
+undo a later revision), a new one from the same labeler revises the label. A label can never land
+on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite never hands an id out
+twice, even after its row is deleted, so a label sent late to id N cannot reach a later
+assignment), and a submission names the pair and the left/right order it was given on, which must
+be the assignment's.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
 than k and not held by a flag, so picking the next pair, and counting those left, does not slow
@@ -28,7 +32,8 @@ Assignment rules:
 
 Login tokens and session ids are stored as SHA-256 hashes only; the file is created readable by
 its owner alone. A new sign-in token for a labeler ends their open sessions; revoking a labeler
-ends them too, spends their token and gives their open assignment back (their labels stay).
+ends them too (marked as ended by an admin, so the page can say so), spends their token and gives
+their open assignment back (their labels stay).
 A database made by an earlier version gains the newer columns and tables when opened.
 """
 
@@ -65,9 +70,9 @@ CREATE TABLE IF NOT EXISTS labelers (
   token_hash TEXT UNIQUE, token_expires REAL, created REAL NOT NULL, revoked REAL);
 CREATE TABLE IF NOT EXISTS sessions (
   id_hash TEXT PRIMARY KEY, labeler_id INTEGER NOT NULL REFERENCES labelers (id),
-  csrf TEXT NOT NULL, expires REAL NOT NULL);
+  csrf TEXT NOT NULL, expires REAL NOT NULL, ended TEXT);
 CREATE TABLE IF NOT EXISTS assignments (
-  id INTEGER PRIMARY KEY,
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
   item_id INTEGER NOT NULL REFERENCES items (id),
   labeler_id INTEGER NOT NULL REFERENCES labelers (id),
   swapped INTEGER NOT NULL CHECK (swapped IN (0, 1)),
@@ -93,12 +98,33 @@ CREATE TABLE IF NOT EXISTS flags (
 # Columns added after the first release: (table, column, declaration) for `ALTER TABLE ADD COLUMN`.
 ADDED_COLUMNS = (("items", "held", "INTEGER NOT NULL DEFAULT 0"),
                  ("labelers", "revoked", "REAL"),
-                 ("assignments", "skipped", "REAL"))
+                 ("assignments", "skipped", "REAL"),
+                 ("sessions", "ended", "TEXT"))
 HELD, DROPPED = 1, 2  # items.held: 0 in the queue, 1 flagged (waits for an admin), 2 removed.
 
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # A labeler's name: no spaces, nothing to escape.
 ITEM_FIELDS = ("uid", "prompt", "title", "subreddit", "input", "response_a", "response_b",
                "policy_a", "policy_b", "prompt_id", "split", "gold")
+
+
+def _never_reuse_assignment_ids(db: sqlite3.Connection) -> None:
+  """Rebuilds an earlier version's `assignments` table (ids reusable after a delete) as
+  AUTOINCREMENT, keeping every row and id: SQLite then never hands out an id again, so a label
+  addressed to an assignment can never reach one made later. Inside the caller's transaction,
+  with foreign keys off (SQLite's procedure for changing a table's definition)."""
+  row = db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND "
+                   "name = 'assignments'").fetchone()
+  if row is None or "AUTOINCREMENT" in row[0].upper():
+    return
+  create = re.search(r"CREATE TABLE IF NOT EXISTS assignments \(.*?\);", SCHEMA, re.S).group(0)
+  db.execute(create.replace("IF NOT EXISTS assignments", "assignments_rebuilt"))
+  columns = ", ".join(r["name"] for r in db.execute(
+      "SELECT name FROM pragma_table_info('assignments')"))
+  db.execute(f"INSERT INTO assignments_rebuilt ({columns}) SELECT {columns} FROM assignments")
+  db.execute("DROP TABLE assignments")
+  db.execute("ALTER TABLE assignments_rebuilt RENAME TO assignments")
+  if db.execute("PRAGMA foreign_key_check").fetchone() is not None:
+    raise sqlite3.IntegrityError("the rebuilt assignments table breaks a foreign key")
 
 
 def digest(secret: str) -> str:
@@ -111,6 +137,11 @@ class NotFound(LookupError):
 
 class Refused(ValueError):
   """An admin action that cannot be done (its message says why)."""
+
+
+class Mismatch(ValueError):
+  """A label made for another pair, or for the pair in the other order, than the assignment it
+  was sent to holds (its message says which)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +165,15 @@ class Store:
     os.makedirs(directory, exist_ok=True)
     if not os.path.exists(path):
       os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    db = self._db()
+    db.execute("PRAGMA foreign_keys=OFF")  # A table rebuilt below keeps its rows' ids.
     with self.write() as db:  # One transaction: two processes opening an old file migrate once.
       for table, column, declaration in ADDED_COLUMNS:
         columns = {r["name"] for r in db.execute(f"SELECT name FROM pragma_table_info('{table}')")}
         if columns and column not in columns:  # An existing table of an earlier version.
           db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-    db = self._db()
+      _never_reuse_assignment_ids(db)
+    db.execute("PRAGMA foreign_keys=ON")
     db.executescript(SCHEMA)  # Idempotent; executescript runs its own transaction.
     k = int(settings.k)
     self._open = f"gold IS NULL AND done_count < {k}"
@@ -244,8 +278,8 @@ class Store:
       db.execute("UPDATE labelers SET token_hash = NULL, token_expires = NULL WHERE id = ?",
                  (row["id"],))
       session, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-      db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?)",
-                 (digest(session), row["id"], csrf, now + session_s))
+      db.execute("INSERT INTO sessions (id_hash, labeler_id, csrf, expires) "
+                 "VALUES (?, ?, ?, ?)", (digest(session), row["id"], csrf, now + session_s))
       db.execute("DELETE FROM sessions WHERE expires < ?", (now,))
     return session, csrf, row["name"]
 
@@ -253,8 +287,15 @@ class Store:
     """The labeler (id, name, is_admin) and CSRF token of a live session."""
     return self.read().execute(
         "SELECT l.id, l.name, l.is_admin, s.csrf FROM sessions s JOIN labelers l "
-        "ON l.id = s.labeler_id WHERE s.id_hash = ? AND s.expires > ? AND l.revoked IS NULL",
-        (digest(session), time.time())).fetchone()
+        "ON l.id = s.labeler_id WHERE s.id_hash = ? AND s.expires > ? AND l.revoked IS NULL "
+        "AND s.ended IS NULL", (digest(session), time.time())).fetchone()
+
+  def ended(self, session: str) -> str | None:
+    """Why a session that no longer works ended, when an admin ended it ('revoked'); None for a
+    live, expired, signed-out or unknown one."""
+    row = self.read().execute("SELECT ended FROM sessions WHERE id_hash = ? AND expires > ?",
+                              (digest(session), time.time())).fetchone()
+    return row["ended"] if row else None
 
   def logout(self, session: str) -> None:
     with self.write() as db:
@@ -267,8 +308,11 @@ class Store:
         (digest(token), time.time())).fetchone() is not None
 
   def revoke(self, name: str, by: int | None = None) -> None:
-    """Ends the labeler's sessions, spends their token and gives back their open assignment; their
-    labels stay. `by` (the admin's id) may not revoke themselves."""
+    """Ends the labeler's sessions (marked, so their page can say an admin ended them), spends
+    their token and gives back their open assignment as an expired lease would: the pair returns
+    to the queue, the assignment stays theirs, and an answer they send after being let back in
+    lands on that pair, or is refused if others filled it. Their labels stay. `by` (the admin's
+    id) may not revoke themselves."""
     with self.write() as db:
       row = db.execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()
       if row is None:
@@ -277,9 +321,9 @@ class Store:
         raise Refused("you cannot revoke your own access")
       db.execute("UPDATE labelers SET revoked = ?, token_hash = NULL, token_expires = NULL "
                  "WHERE id = ?", (time.time(), row["id"]))
-      db.execute("DELETE FROM sessions WHERE labeler_id = ?", (row["id"],))
-      db.execute("DELETE FROM assignments WHERE labeler_id = ? AND done IS NULL AND skipped IS "
-                 "NULL", (row["id"],))
+      db.execute("UPDATE sessions SET ended = 'revoked' WHERE labeler_id = ?", (row["id"],))
+      db.execute("UPDATE assignments SET lease_expires = 0 WHERE labeler_id = ? AND done IS NULL "
+                 "AND skipped IS NULL", (row["id"],))
 
   def labelers(self) -> list[sqlite3.Row]:
     """Every labeler for the admin: name, role, whether a sign-in link is waiting, live sessions,
@@ -358,15 +402,22 @@ class Store:
 
   def submit(self, labeler_id: int, assignment_id: int, preference: float,
              answers: dict[str, Any], shown: dict[str, str], submission: str,
-             seconds: float | None) -> str:
+             seconds: float | None, *, item_id: int, swapped: bool) -> str:
     """Stores the label of one of the labeler's assignments; returns 'saved', 'revised' or
-    'repeated' (this submission id was stored already)."""
+    'repeated' (this submission id was stored already). `item_id` and `swapped` say which pair,
+    in which order, the labeler answered: a label is stored only on that pair in that order
+    (Mismatch otherwise), whatever assignment id it was sent to."""
     now = time.time()
     with self.write() as db:
-      row = db.execute("SELECT labeler_id, item_id FROM assignments WHERE id = ?",
+      row = db.execute("SELECT labeler_id, item_id, swapped FROM assignments WHERE id = ?",
                        (assignment_id,)).fetchone()
       if row is None or row["labeler_id"] != labeler_id:
         raise NotFound(f"no assignment {assignment_id} for this labeler")
+      if (row["item_id"], bool(row["swapped"])) != (item_id, bool(swapped)):
+        order = lambda s: "B on the left" if s else "A on the left"
+        raise Mismatch(f"this answer was given on pair {item_id} shown with {order(swapped)}, "
+                       f"but assignment {assignment_id} is pair {row['item_id']} shown with "
+                       f"{order(row['swapped'])}: not stored")
       if db.execute("INSERT OR IGNORE INTO submissions VALUES (?, ?)",
                     (assignment_id, submission)).rowcount == 0:
         return "repeated"
@@ -447,17 +498,18 @@ class Store:
             "dropped_pairs": dropped or 0, "skipped": skipped}
 
   def my_progress(self, labeler_id: int) -> dict[str, int]:
-    """The page's counter: the labeler's labels, and the pairs short of k labels they have not
-    been given (some may be leased to others just now)."""
+    """The page's counter: the labeler's labels, everyone's, and the pairs short of k labels they
+    have not been given (some may be leased to others just now)."""
     db = self.read()
     mine = db.execute("SELECT COUNT(*) FROM assignments WHERE labeler_id = ? AND done IS NOT NULL",
                       (labeler_id,)).fetchone()[0]
+    everyone = db.execute("SELECT COUNT(*) FROM labels").fetchone()[0]
     open_pairs = db.execute(f"SELECT COUNT(*) FROM items INDEXED BY {self._index} WHERE "
                             f"{self._queued}").fetchone()[0]
     seen = db.execute("SELECT COUNT(*) FROM assignments a JOIN items i ON i.id = a.item_id "
                       "WHERE a.labeler_id = ? AND i.gold IS NULL AND i.done_count < ? AND "
                       "i.held = 0", (labeler_id, self.settings.k)).fetchone()[0]
-    return {"mine": mine, "open_to_me": open_pairs - seen}
+    return {"mine": mine, "everyone": everyone, "open_to_me": open_pairs - seen}
 
   def my_labels(self, labeler_id: int) -> list[sqlite3.Row]:
     """The labeler's own finished assignments, newest first."""

@@ -106,7 +106,8 @@ def serve(config, workdir: str) -> None:
       login_per_minute=c.login_attempts_per_minute, public_url=c.url,
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
-      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels))
+      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels),
+      goal=c.goal)
   log = logging.getLogger("rlhfjax.labeling")
   if not log.handlers:  # The access log and sign-in events, on stderr.
     handler = logging.StreamHandler(sys.stderr)

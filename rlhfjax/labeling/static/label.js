@@ -3,11 +3,18 @@
 // again after a reload, with the same id, so the server stores it once. It is thrown away only
 // when the server refuses the answer itself (invalid, or not this labeler's assignment): a
 // refusal about the session (signed out, or a CSRF token from before signing in again) keeps it.
+// Each submission names the pair and the left/right order it was given on, so the server stores it
+// on that pair in that order or refuses it, whatever happened to the assignment meanwhile.
+// Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, for this
+// assignment, pair and order only.
 (function () {
   "use strict";
   const form = document.getElementById("label-form");
   if (!form) return;
   const PENDING = `rlhfjax-pending-label:${form.dataset.labeler || ""}`;
+  const DRAFT = `rlhfjax-draft:${form.dataset.labeler || ""}`;
+  const here = {assignment: form.dataset.assignment, pair: Number(form.dataset.pair),
+                swapped: Number(form.dataset.swapped)};
   const RETRY = new Set([408, 425, 429]);  // Refusals that may pass later; 5xx too.
   const SIGN_IN_DELAY_MS = 1500;  // Long enough to read why the page goes to the sign-in form.
   const questions = Array.from(form.querySelectorAll("fieldset.question"));
@@ -42,6 +49,8 @@
   function showProgress(progress) {
     document.getElementById("done").textContent = progress.mine;
     document.getElementById("open").textContent = progress.open_to_me;
+    document.getElementById("share").textContent =
+        `${progress.everyone ? Math.round(100 * progress.mine / progress.everyone) : 0}% of all labels`;
   }
 
   function csrfNow() { return form.elements.csrf.value; }
@@ -52,12 +61,67 @@
     bar.className = state || "";
   }
 
-  function keep(pending) {
+  function store(key, value) {
     try {
-      localStorage.setItem(PENDING, JSON.stringify(pending));
+      localStorage.setItem(key, JSON.stringify(value));
     } catch (err) {
       // Storage full or disabled: the label is still sent from memory while the page stays open.
     }
+  }
+
+  function keep(pending) { store(PENDING, pending); }
+
+  function checkedAnswers() {
+    const answers = {};
+    questions.forEach((q) => {
+      const input = q.querySelector("input:checked");
+      if (input) answers[q.dataset.field] = input.value;
+    });
+    return answers;
+  }
+
+  function saveDraft() {
+    const comment = document.getElementById("flag-comment");
+    store(DRAFT, {...here, answers: checkedAnswers(), comment: comment ? comment.value : ""});
+  }
+
+  function dropDraft() {
+    const draft = readDraft();
+    if (draft && draft.assignment === here.assignment) localStorage.removeItem(DRAFT);
+  }
+
+  function readDraft() {
+    try {
+      const draft = JSON.parse(localStorage.getItem(DRAFT) || "null");
+      return draft && typeof draft === "object" && draft.answers &&
+             typeof draft.answers === "object" ? draft : null;
+    } catch (err) {
+      return null;
+    }
+  }
+
+  // The draft of this very assignment, pair and order, back in the form.
+  function restoreDraft() {
+    const draft = readDraft();
+    if (!draft || draft.assignment !== here.assignment || draft.pair !== here.pair ||
+        draft.swapped !== here.swapped) return false;
+    let restored = false;
+    questions.forEach((q) => {
+      const value = draft.answers[q.dataset.field];
+      const input = typeof value === "string" &&
+          Array.from(q.querySelectorAll("input")).find((i) => i.value === value);
+      if (input && !input.checked) {
+        input.checked = true;
+        restored = true;
+      }
+    });
+    const comment = document.getElementById("flag-comment");
+    if (comment && typeof draft.comment === "string" && draft.comment && !comment.value) {
+      comment.value = draft.comment;
+      document.getElementById("flag-box").open = true;
+      restored = true;
+    }
+    return restored;
   }
 
   // The labeler's waiting submission, or null; a damaged entry is removed (nothing to resend).
@@ -102,10 +166,17 @@
                        `HTTP ${response.status}`;
         if (response.ok) {
           localStorage.removeItem(PENDING);
+          if (pending.assignment === here.assignment) dropDraft();
           if (body.progress) showProgress(body.progress);
           say("Saved.", "saved");
-          location.assign("/");
+          location.assign(body.status === "revised" ? "/?did=revised" : "/?did=saved");
           return;
+        }
+        if (response.status === 401 && body.reason === "revoked") {
+          say("An admin signed you out: this answer was not saved. This browser keeps it and " +
+              "sends it to this same pair only, if you are let back in.", "failed");
+          setTimeout(() => location.assign("/login"), 2 * SIGN_IN_DELAY_MS);
+          return;  // Still `sending`: the page leaves.
         }
         if (response.status === 401) {  // Signed out or the session expired: keep the label.
           say("Signed out: sign in again; your label is kept and will be sent.", "pending");
@@ -150,22 +221,26 @@
       say("Answer every question first.", "failed");
       return;
     }
-    const answers = {};
-    questions.forEach((q) => { answers[q.dataset.field] = q.querySelector("input:checked").value; });
-    const pending = {assignment: form.dataset.assignment, payload: {
-      csrf: csrfNow(), submission: newId(), answers: answers,
-      seconds: (performance.now() - started) / 1000}};
+    const pending = {assignment: here.assignment, payload: {
+      csrf: csrfNow(), submission: newId(), answers: checkedAnswers(), pair: here.pair,
+      swapped: here.swapped, seconds: (performance.now() - started) / 1000}};
     keep(pending);
     deliver(pending);
   }
 
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
   questions.forEach((q, i) => q.addEventListener("change", () => {
+    saveDraft();
     const next = firstUnanswered(i + 1);
     focusQuestion(next === -1 ? i : next);
   }));
   const flagBox = document.getElementById("flag-box");
   const skipForm = document.getElementById("skip-form");
+  const flagForm = document.getElementById("flag-form");
+  const flagComment = document.getElementById("flag-comment");
+  if (flagComment) flagComment.addEventListener("input", saveDraft);
+  // Skipping or flagging ends this assignment: its draft goes (a failed request says so itself).
+  [skipForm, flagForm].forEach((f) => f && f.addEventListener("submit", dropDraft));
   document.addEventListener("keydown", (e) => {
     if (e.ctrlKey || e.metaKey || e.altKey || sending) return;
     // Typing a flag's comment is typing, not answering.
@@ -193,6 +268,7 @@
       location.assign(`/label/${form.dataset.last}`);
     } else if ((e.key === "s" || e.key === "S") && skipForm) {
       e.preventDefault();
+      dropDraft();
       skipForm.submit();
     } else if ((e.key === "f" || e.key === "F") && flagBox) {
       e.preventDefault();
@@ -201,6 +277,8 @@
     }
   });
 
+  if (/[?&]did=/.test(location.search)) history.replaceState(null, "", location.pathname);
+  if (restoreDraft() && !status.textContent) say("Your unsent answers are back (a draft).", "");
   const first = firstUnanswered(0);
   focusQuestion(first === -1 ? 0 : first);
   const earlier = waiting();
