@@ -652,8 +652,9 @@ class SmallSite:
   task=label_server in a thread under `protocol`; `link(name)` makes a new sign-in link."""
 
   def __init__(self, workdir: str, pairs: list[dict], labelers: dict[str, bool], monkeypatch,
-               protocol: str = "stiennon"):
+               protocol: str = "stiennon", **labeling):
     self.protocol = protocol
+    self.labeling = labeling
     self.port = _free_port()
     self.base = f"http://127.0.0.1:{self.port}"
     self.workdir = workdir
@@ -665,7 +666,7 @@ class SmallSite:
     self.server = Server(self._config("label_server"), workdir, monkeypatch)
 
   def _config(self, task: str):
-    return _config(task, self.port, source="", protocol=self.protocol)
+    return _config(task, self.port, source="", protocol=self.protocol, **self.labeling)
 
   def link(self, name: str) -> str:
     return f"{self.base}/login#token={self.store.add_labeler(name, self.admin[name], 3600.0)}"
@@ -869,4 +870,158 @@ def test_binary_protocol_thumbs_up_and_down(tmp_path, browser, monkeypatch):
     assert sorted((f.completion, f.label) for f in got) == sorted(by_text.items())
     assert {f.annotator for f in got} == {"ada"} and {f.policy for f in got} == {"sft"}
   finally:
+    site.stop()
+
+
+class Admin:
+  """An admin at the live site over plain HTTP (a second browser would do the same clicks)."""
+
+  def __init__(self, site: SmallSite, name: str):
+    import httpx  # pylint: disable=g-import-not-at-top
+    self.http = httpx.Client(base_url=site.base, headers={"Origin": site.base})
+    csrf = re.search(r'name="csrf" value="([^"]+)"', self.http.get("/login").text).group(1)
+    token = site.link(name).split("#token=", 1)[1]
+    assert self.http.post("/login", data={"token": token, "csrf": csrf}).status_code == 303
+
+  def revoke(self, name: str) -> None:
+    page = self.http.get("/admin/labelers").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    assert self.http.post(f"/admin/labelers/{name}/revoke", data={"csrf": csrf}).is_redirect
+
+  def invite(self, name: str) -> str:
+    page = self.http.get("/admin/labelers").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+    page = self.http.post("/admin/labelers", data={"csrf": csrf, "name": name}).text
+    return re.search(r'id="invite-link"[^>]*value="([^"]+)"', page).group(1)
+
+
+@pytest.mark.parametrize("filled", [False, True], ids=["pair still open", "pair filled by others"])
+def test_revoke_submit_reinvite_never_puts_a_label_on_another_pair(tmp_path, browser, monkeypatch,
+                                                                    filled):
+  """The issue's sequence in Chromium: Ada answers a pair; the admin revokes her; she presses
+  Enter (the page says an admin signed her out, and so does the sign-in page); the admin invites
+  her again and she signs in. Her kept answer is then stored on the pair she answered, in the
+  order she saw it, when the pair still needs her; when Bob filled it meanwhile (one label per
+  pair), it is refused with a message on her page. It is never stored on another pair."""
+  site = SmallSite(str(tmp_path), [_pair(n) for n in range(4)],
+                   {"boss": True, "ada": False, "bob": False}, monkeypatch,
+                   labels_per_pair=1 if filled else 2)
+  try:
+    admin = Admin(site, "boss")
+    driver = browser
+    _sign_in(driver, site.links["ada"])
+    first = _wait(driver, lambda s: s["assignment"], "Ada's pair")
+    seen = site.labels.assignment(first["assignment"])
+    swapped = _check_shown(driver, site.labels, first["assignment"])
+    answers = dict(zip(FIELDS, "237364517"))
+    _keys(driver, *(answers[f] for f in FIELDS))
+    admin.revoke("ada")
+    _keys(driver, Keys.ENTER)
+    status = _wait(driver, lambda s: "An admin signed you out" in (s["status"] or ""),
+                   "the revoked notice", 5)["status"]
+    assert "not saved" in status and "kept" not in status.replace("keeps", "")
+    _wait(driver, lambda s: s["path"] == "/login", "the sign-in page", 10)
+    assert "An admin has signed you out" in driver.find_element(By.ID, "revoked").text
+    assert not site.labels.rows()
+    if filled:  # Bob takes the pair Ada gave back and labels it (one label per pair here).
+      bob = site.store.read().execute("SELECT id FROM labelers WHERE name = 'bob'").fetchone()[0]
+      row = site.store.next_assignment(bob)
+      assert row["id"] == seen["item_id"]
+      site.store.submit(bob, row["assignment_id"], 1.0, {"extra": {}}, {}, "bob", None,
+                        item_id=row["id"], swapped=bool(row["swapped"]))
+
+    _sign_in(driver, admin.invite("ada"))
+    if filled:
+      state = _wait(driver, lambda s: "not kept" in (s["status"] or ""), "the refusal", 15)
+      assert "no such assignment" in state["status"]
+      assert state["assignment"] != first["assignment"] and state["checked"] == {}
+      assert [r["labeler"] for r in site.labels.rows()] == ["bob"]
+    else:
+      _wait(driver, lambda s: s["done"] == "1" and s["assignment"] not in (
+          None, first["assignment"]), "the kept answer sent, then the next pair", 15)
+      (label,) = site.labels.rows()
+      assert label["assignment_id"] == int(first["assignment"]) and label["labeler"] == "ada"
+      assert site.labels.assignment(first["assignment"])["item_id"] == seen["item_id"]
+      assert bool(label["swapped"]) == swapped
+      _check_label(site.labels, first["assignment"], answers)
+    assert _pending(driver, "ada") is None
+  finally:
+    site.stop()
+
+
+def test_drafts_survive_a_reload_and_each_action_is_acknowledged(tmp_path, browser, monkeypatch):
+  """Half-answered, reloaded: the answers and a flag's comment come back (for this pair only);
+  then 'Saved.' (with U to change it), 'Skipped' and 'Flag sent' each show on the next page, and a
+  time on /mine has the local time beside UTC."""
+  site = SmallSite(str(tmp_path), [_pair(n) for n in range(4)], {"ada": False}, monkeypatch)
+  try:
+    driver = browser
+    _sign_in(driver, site.links["ada"])
+    first = _wait(driver, lambda s: s["assignment"], "Ada's pair")
+    half = dict(zip(FIELDS[:3], "237"))
+    _keys(driver, *half.values())
+    driver.refresh()
+    back = _wait(driver, lambda s: s["assignment"] == first["assignment"], "the reloaded pair")
+    assert back["checked"] == half and "draft" in back["status"]
+    assert back["current"] == "q-3"
+    rest = dict(zip(FIELDS[3:], "364517"))
+    _keys(driver, *rest.values(), Keys.ENTER)
+    saved = _wait(driver, lambda s: s["assignment"] not in (None, first["assignment"]),
+                  "the next pair")
+    assert saved["status"].startswith("Saved.") and "U" in saved["status"]
+    assert saved["search"] == "" and saved["checked"] == {}
+    _check_label(site.labels, first["assignment"], {**half, **rest})
+
+    _keys(driver, "f")
+    _until(driver, lambda d: d.switch_to.active_element.get_attribute("id") == "flag-comment")
+    _keys(driver, "the summaries are swapped")
+    driver.refresh()
+    _wait(driver, lambda s: s["assignment"] == saved["assignment"], "the reloaded pair")
+    assert driver.find_element(By.ID, "flag-comment").get_attribute("value") == \
+        "the summaries are swapped"
+    driver.find_element(By.ID, "flag").click()
+    flagged = _wait(driver, lambda s: s["assignment"] not in (None, saved["assignment"]),
+                    "the pair after the flag")
+    assert flagged["status"].startswith("Flag sent")
+    assert driver.find_element(By.ID, "flag-comment").get_attribute("value") == ""
+    _keys(driver, "s")
+    skipped = _wait(driver, lambda s: s["assignment"] != flagged["assignment"], "after the skip")
+    assert (skipped["status"] or "").startswith("Skipped")
+    driver.get(site.base + "/mine")
+    cell = driver.find_element(By.CSS_SELECTOR, "#mine tbody td:nth-child(3)").text
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC \(.+ your time\)", cell), cell
+  finally:
+    site.stop()
+
+
+def test_the_header_works_400_px_wide(tmp_path, browser, monkeypatch):
+  """At 400 px every header item (the links, the name, the counter's parts, Sign out) is on screen
+  and none breaks across lines; the pair's two sides stay side by side."""
+  site = SmallSite(str(tmp_path), [_pair(n, "a longer text " * 5) for n in range(2)],
+                   {"dorothea.longname": True}, monkeypatch)
+  try:
+    driver = browser
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 400, "height": 800, "deviceScaleFactor": 1, "mobile": True})
+    _sign_in(driver, site.links["dorothea.longname"])
+    _wait(driver, lambda s: s["assignment"], "the labeling page")
+    items = driver.execute_script("""
+      const parts = Array.from(document.querySelectorAll(
+          'header .site, header nav > a, header .me, .counter .item, #sign-out'));
+      return parts.map((e) => {
+        const r = e.getBoundingClientRect();
+        return {text: e.textContent.trim(), lines: e.getClientRects().length,
+                left: r.left, right: r.right, top: r.top, height: r.height};
+      });""")
+    width = driver.execute_script("return document.documentElement.clientWidth")
+    assert width <= 400 and len(items) >= 9, items
+    for item in items:
+      assert item["lines"] == 1 and item["left"] >= 0 and item["right"] <= width, item
+      assert item["height"] < 40, item  # One line of text (a wrapped one is twice as tall).
+    assert driver.execute_script("return document.documentElement.scrollWidth") <= width
+    if os.environ.get("RLHFJAX_SCREENSHOT") == "1":
+      driver.execute_script("window.scrollTo(0, 0)")
+      driver.save_screenshot(os.path.join(os.path.dirname(SCREENSHOT), "labeling-400px.png"))
+  finally:
+    driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     site.stop()
