@@ -292,7 +292,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   async def home(request: Request) -> Response:
     who = await signed_in(request)
-    row = await in_thread(store.next_assignment, who["id"])
+    try:
+      row = await in_thread(store.next_assignment, who["id"])
+    except store_lib.Refused:  # An admin who has not chosen to label: the admin page.
+      return RedirectResponse("/admin", 303)
     if row is None:
       return page("finished.html", who=who, csrf=who["csrf"],
                   progress=await in_thread(store.my_progress, who["id"]))

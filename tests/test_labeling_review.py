@@ -1,0 +1,180 @@
+"""The admins' review of the labeling site: flags in the flagger's own left/right, every answer on
+the disagreement page, accepting a pair or sending it back for one more label, a labeler's labels
+filtered, the warning when fewer people label than each pair asks for, and admins handed pairs
+only when they ask."""
+
+import json
+import logging
+import re
+import sqlite3
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+
+from rlhfjax.labeling import report  # noqa: E402
+from rlhfjax.labeling import store as store_lib  # noqa: E402
+from rlhfjax.labeling import tasks  # noqa: E402
+
+from conftest import load_config  # noqa: E402
+from test_labeling import (  # noqa: E402
+    BINARY, XSS, Site, finish, form_csrf, labeler, lid, make_store, page_ids, post_label,
+    stiennon_answers)
+
+
+def admin(s: store_lib.Store, name: str = "root") -> int:
+  s.add_labeler(name, True, 60)
+  return lid(s, name)
+
+
+def assignment_of(s: store_lib.Store, assignment: str) -> sqlite3.Row:
+  return s.read().execute("SELECT * FROM assignments WHERE id = ?", (int(assignment),)).fetchone()
+
+
+def set_swapped(s: store_lib.Store, assignment: str, swapped: int) -> None:
+  """Fixes the side the labeler was shown (before they answer), so a test knows it."""
+  with s.write() as db:
+    db.execute("UPDATE assignments SET swapped = ? WHERE id = ?", (swapped, int(assignment)))
+
+
+def sections(html: str, css_class: str) -> dict[str, str]:
+  """The page's `<section class="css_class" data-pair=N>` blocks, by pair."""
+  return {m.group(1): m.group(2) for m in re.finditer(
+      rf'<section class="{css_class}[^"]*" data-pair="(\d+)"[^>]*>(.*?)</section>', html, re.S)}
+
+
+# 3. Accept, or send back for one more label.
+
+def test_a_sent_back_pair_goes_to_exactly_one_new_labeler_never_to_one_who_labeled_it(tmp_path):
+  s = make_store(tmp_path, n=2, k=2, gold_every=0)
+  root = admin(s)
+  a, b, c, d = (labeler(s, n) for n in "abcd")
+  rows = {}
+  for who in (a, b):
+    for _ in range(2):
+      row = s.next_assignment(who)
+      rows.setdefault(row["id"], []).append(who)
+      finish(s, who, row)
+  item = min(rows)
+  assert s.progress()["complete_pairs"] == 2 and s.next_assignment(c) is None
+  assert s.review(item, "send_back", root) == {"labels": 2, "wanted": 3}
+  assert s.progress()["complete_pairs"] == 1
+  assert s.my_progress(a)["open_to_me"] == 0 and s.my_progress(c)["open_to_me"] == 1
+  assert s.next_assignment(a) is None and s.next_assignment(b) is None  # They labeled it.
+  got = s.next_assignment(c)
+  assert got["id"] == item
+  assert s.next_assignment(d) is None  # Leased to c: one more label, not two.
+  finish(s, c, got)
+  assert s.next_assignment(d) is None and s.next_assignment(c) is None
+  done = s.read().execute("SELECT done_count, extra_labels FROM items WHERE id = ?",
+                          (item,)).fetchone()
+  labels = s.read().execute("SELECT COUNT(*) FROM labels l JOIN assignments a ON "
+                            "a.id = l.assignment_id WHERE a.item_id = ?", (item,)).fetchone()[0]
+  assert tuple(done) == (3, 1) and labels == 3  # The counts stay honest.
+  assert s.progress()["complete_pairs"] == 2
+  # Sent back again: the fourth label goes to d, the only one left who has not labeled it.
+  assert s.review(item, "send_back", root) == {"labels": 3, "wanted": 4}
+  assert all(s.next_assignment(w) is None for w in (a, b, c))
+  assert s.next_assignment(d)["id"] == item
+  reviews = s.reviews()
+  assert reviews[item]["action"] == "send_back" and reviews[item]["admin"] == "root"
+  assert (reviews[item]["done_count"], reviews[item]["wanted"]) == (3, 4)
+
+
+def test_sending_back_an_open_pair_asks_for_one_more_than_it_was_due(tmp_path):
+  s = make_store(tmp_path, n=1, k=2, gold_every=0)
+  root = admin(s)
+  a, b, c, d = (labeler(s, n) for n in "abcd")
+  finish(s, a, s.next_assignment(a))
+  item = s.read().execute("SELECT id FROM items").fetchone()[0]
+  assert s.review(item, "send_back", root) == {"labels": 1, "wanted": 3}
+  for who in (b, c):
+    finish(s, who, s.next_assignment(who))
+  assert s.next_assignment(d) is None  # 3 labels: done.
+
+
+def test_a_sent_back_pair_leased_and_abandoned_returns_to_the_queue(tmp_path):
+  s = make_store(tmp_path, n=1, k=1, gold_every=0, lease_s=0.2)
+  root = admin(s)
+  a, b, c = (labeler(s, n) for n in "abc")
+  finish(s, a, s.next_assignment(a))
+  item = s.read().execute("SELECT id FROM items").fetchone()[0]
+  s.review(item, "send_back", root)
+  held = s.next_assignment(b)
+  assert held["id"] == item and s.next_assignment(c) is None
+  time.sleep(0.3)
+  assert s.next_assignment(c)["id"] == item  # b's lease ran out.
+  assert s.next_assignment(b) is None  # b's expired open assignment is given up: c holds it.
+
+
+def test_review_refuses_gold_dropped_unknown_pairs_and_actions(tmp_path):
+  s = make_store(tmp_path, n=2, gold=1, gold_every=0)
+  root = admin(s)
+  ids = [r[0] for r in s.read().execute("SELECT id FROM items ORDER BY id")]
+  gold = s.read().execute("SELECT id FROM items WHERE gold IS NOT NULL").fetchone()[0]
+  with pytest.raises(store_lib.Refused, match="gold pair"):
+    s.review(gold, "send_back", root)
+  with pytest.raises(store_lib.Refused, match="unknown action"):
+    s.review(ids[0], "burn", root)
+  with pytest.raises(store_lib.Refused, match="no pair"):
+    s.review(999, "accept", root)
+  a = labeler(s, "a")
+  row = s.next_assignment(a)
+  s.flag(a, row["assignment_id"], "bad")
+  s.resolve(row["id"], "drop")
+  with pytest.raises(store_lib.Refused, match="dropped"):
+    s.review(row["id"], "send_back", root)
+  assert not s.reviews()
+  s.review(ids[1], "accept", root)
+  assert s.reviews()[ids[1]]["action"] == "accept"
+  s.review(ids[1], "send_back", root)  # The latest decision counts.
+  assert s.reviews()[ids[1]]["action"] == "send_back"
+
+
+def test_an_earlier_database_gains_review_columns_and_queue_index(tmp_path):
+  path = str(tmp_path / "old.db")
+  old = sqlite3.connect(path)
+  old.executescript(store_lib.SCHEMA.replace(",\n  extra_labels INTEGER NOT NULL DEFAULT 0", "")
+                    .replace(",\n  also_labels INTEGER NOT NULL DEFAULT 0", ""))
+  old.execute("CREATE INDEX items_queued_3 ON items (position) WHERE gold IS NULL AND "
+              "done_count < 3 AND held = 0")
+  old.execute("INSERT INTO items (uid, prompt, title, subreddit, input, response_a, response_b, "
+              "policy_a, policy_b, prompt_id, split, position) VALUES ('u', 'p', 't', 's', '', "
+              "'a', 'b', 'x', 'y', 'i', 'train', 0)")
+  old.execute("INSERT INTO labelers (name, is_admin, created) VALUES ('root', 1, 0)")
+  old.commit()
+  old.close()
+  s = store_lib.Store(path)
+  assert "extra_labels" in {r[1] for r in s.read().execute("PRAGMA table_info(items)")}
+  assert "also_labels" in {r[1] for r in s.read().execute("PRAGMA table_info(labelers)")}
+  indexes = {r[0] for r in s.read().execute("SELECT name FROM sqlite_master WHERE type='index'")}
+  assert "items_wanted_3" in indexes and "items_queued_3" not in indexes
+  with pytest.raises(store_lib.Refused):  # An admin of the old file has not opted in.
+    s.next_assignment(lid(s, "root"))
+  assert s.next_assignment(labeler(s, "ada"))["uid"] == "u"
+  plan = " ".join(r[3] for r in s.read().execute(
+      f"EXPLAIN QUERY PLAN SELECT id FROM items INDEXED BY items_wanted_3 WHERE {s._queued} "
+      "ORDER BY position LIMIT 1"))  # INDEXED BY fails when the index cannot serve the query.
+  assert "items_wanted_3" in plan  # The queue still reads its partial index.
+
+
+# 6. Admins label only when they ask.
+
+def test_admins_are_handed_pairs_only_after_opting_in(tmp_path):
+  s = make_store(tmp_path, n=2, k=1, gold_every=0)
+  root, ada = admin(s), labeler(s, "ada")
+  with pytest.raises(store_lib.Refused, match="only when they choose"):
+    s.next_assignment(root)
+  assert not s.labels_too(root) and s.labels_too(ada)
+  s.set_also_labels("root", True)
+  held = s.next_assignment(root)
+  assert held is not None and s.labels_too(root)
+  s.set_also_labels("root", False)  # The open pair is given back, to ada.
+  with pytest.raises(store_lib.Refused):
+    s.next_assignment(root)
+  assert s.next_assignment(ada)["id"] == held["id"]
+  s.set_also_labels("ada", False)  # Means nothing for a labeler.
+  assert s.next_assignment(ada)["id"] == held["id"]
+  with pytest.raises(store_lib.Refused, match="no labeler"):
+    s.set_also_labels("nobody", True)
