@@ -44,6 +44,56 @@ def sections(html: str, css_class: str) -> dict[str, str]:
       rf'<section class="{css_class}[^"]*" data-pair="(\d+)"[^>]*>(.*?)</section>', html, re.S)}
 
 
+# 1. Flags in the flagger's orientation.
+
+def test_each_flag_shows_the_sides_its_flagger_saw(tmp_path):
+  site = Site(tmp_path, gold_every=0, k=2)
+  ada, bob = site.client("ada"), site.client("bob")  # Both hold the first pair.
+  (ca, a), (cb, b) = page_ids(ada.get("/").text), page_ids(bob.get("/").text)
+  set_swapped(site.store, a, 1)  # Ada saw B on the left, Bob saw A there.
+  set_swapped(site.store, b, 0)
+  for who, csrf, x, words in ((ada, ca, a, "the left one is wrong"),
+                              (bob, cb, b, "the right one is cut off")):
+    assert who.post(f"/label/{x}/flag", data={"csrf": csrf, "comment": words},
+                    follow_redirects=False).status_code == 303
+  flags = {f["labeler"]: f for f in site.store.flags()}
+  assert (flags["ada"]["swapped"], flags["bob"]["swapped"]) == (1, 0)
+  root = site.client("root", admin=True)
+  page = root.get("/admin/flags").text
+  assert "<script>alert" not in page and "&lt;script&gt;" in page
+  found = re.findall(r'<section class="flag".*?</section>', page, re.S)
+  by_name = {re.search(r"<strong>(\w+)</strong>", f).group(1): f for f in found}
+  assert "left = B, right = A" in by_name["ada"] and "left = A, right = B" in by_name["bob"]
+  pair = site.store.assignment(lid(site.store, "ada"), int(a))
+  for name, left, right in (("ada", "response_b", "response_a"), ("bob", "response_a",
+                                                                  "response_b")):
+    sides = re.findall(r'<article data-side="(\w+)"><h3>(.*?)</h3><div class="text">(.*?)</div>',
+                       by_name[name], re.S)
+    assert [s[0] for s in sides] == ["left", "right"]
+    assert sides[0][1].startswith("left = " + left[-1].upper())
+    assert sides[1][1].startswith("right = " + right[-1].upper())
+    # The texts in the order the flagger saw them (escaped as the page escapes them).
+    escape = lambda t: t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace(
+        '"', "&#34;").replace("'", "&#39;")
+    assert (sides[0][2], sides[1][2]) == (escape(pair[left]), escape(pair[right]))
+
+
+def test_a_flag_whose_assignment_is_gone_and_one_response_flags(tmp_path):
+  s = make_store(tmp_path, n=1, gold_every=0)
+  ada = labeler(s, "ada")
+  row = s.next_assignment(ada)
+  s.flag(ada, row["assignment_id"], "odd")
+  with s.write() as db:  # As if an older version had deleted it.
+    db.execute("DELETE FROM assignments")
+  assert s.flags()[0]["swapped"] is None
+  site = Site(tmp_path / "binary", protocol=BINARY, gold_every=0)
+  ada_c = site.client("ada")
+  csrf, x = page_ids(ada_c.get("/").text)
+  ada_c.post(f"/label/{x}/flag", data={"csrf": csrf, "comment": "odd"})
+  page = site.client("root", admin=True).get("/admin/flags").text
+  assert 'class="flag"' in page and "left =" not in page and 'class="orientation"' not in page
+
+
 # 3. Accept, or send back for one more label.
 
 def test_a_sent_back_pair_goes_to_exactly_one_new_labeler_never_to_one_who_labeled_it(tmp_path):
