@@ -376,6 +376,23 @@ def test_warning_when_k_exceeds_the_people_who_label(tmp_path):
   assert s.active_labelers() == 2 and 'id="k-warning"' in root.get("/admin/labelers").text
 
 
+def test_label_server_warns_at_start_up(tmp_path, monkeypatch, capsys):
+  uvicorn = pytest.importorskip("uvicorn")
+  served = []
+  monkeypatch.setattr(uvicorn, "run", lambda app, **kw: served.append(kw))
+  config = load_config("labeling", "tiny")
+  config.labeling.update(db=str(tmp_path / "labels.db"), labels_per_pair=2)
+  s, _ = tasks.open_store(config, str(tmp_path))
+  s.add_labeler("ada", False, 60)
+  tasks.serve(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert served and "label_server: warning: each pair asks for 2 labels" in out
+  assert "only 1 person can be handed pairs" in out
+  s.add_labeler("bob", False, 60)
+  tasks.serve(config, str(tmp_path))
+  assert "warning" not in capsys.readouterr().out
+
+
 # 6. Admins label only when they ask.
 
 def test_admins_are_handed_pairs_only_after_opting_in(tmp_path):
