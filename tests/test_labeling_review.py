@@ -435,8 +435,8 @@ def test_an_admins_home_is_the_admin_page_until_they_choose_to_label(tmp_path, c
   assert 'id="stop-labeling"' in root.get("/admin").text
   root.post("/admin/also-labels", data={**form, "on": "0", "back": "/admin"})
   assert root.get("/", follow_redirects=False).headers["location"] == "/admin"
-  assert "root set root to label pairs" in caplog.text
-  assert "root stopped root to label pairs" in caplog.text
+  assert "who labels: root now hands pairs to root" in caplog.text
+  assert "who labels: root no longer hands pairs to root" in caplog.text
 
 
 def test_invite_an_admin_who_also_labels(tmp_path):

@@ -10,7 +10,7 @@ Security, on purpose:
   carries a token matching a cookie of its own, so no other site can sign a browser in;
 - a labeler reads and writes only their own assignments (anything else is a 404, which does not
   say whether it exists); only admins see the admin pages, and only they see other labelers'
-  answers (the disagreement review);
+  answers (the review pages: disagreements, labels);
 - templates escape everything (model text is untrusted) and the Content-Security-Policy allows
   scripts and styles from this server only, so injected markup cannot run;
 - failed sign-ins are limited per client address (`labeling.login_attempts_per_minute`), in
@@ -515,7 +515,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       await in_thread(store.set_also_labels, name, on)
     except store_lib.Refused as e:
       raise HTTPException(400, str(e)) from None
-    log.info("labeling: %s %s %s to label pairs", who["name"], "set" if on else "stopped", name)
+    log.info("who labels: %s %s %s", who["name"],
+             "now hands pairs to" if on else "no longer hands pairs to", name)
     back = form.get("back", "")
     return RedirectResponse(back if back in ("/", "/admin", "/admin/labelers") else "/admin", 303)
 
