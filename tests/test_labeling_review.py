@@ -271,9 +271,13 @@ def test_accept_and_send_back_from_the_disagreement_page(tmp_path, caplog):
   assert got.headers["location"] == "/admin/disagreements"
   assert "sent back by root" in sections(root.get("/admin/disagreements?hide=accepted").text,
                                          "disagreement")[item]
+  counts = "Reviewed pairs: {} accepted, {} sent\n    back for another label ({} still waiting"
+  assert counts.format(0, 1, 1) in root.get("/admin").text
   carol = site.client("carol")
-  _, c = page_ids(carol.get("/").text)
+  cc, c = page_ids(carol.get("/").text)
   assert assignment_of(site.store, c)["item_id"] == int(item)  # The pair came back, to carol.
+  assert post_label(carol, c, cc, stiennon_answers(5)).status_code == 200
+  assert counts.format(0, 1, 0) in root.get("/admin").text
   text = caplog.text
   assert f"review: root chose accept for pair {item} (2 labels, 2 wanted)" in text
   assert f"review: root chose send_back for pair {item} (2 labels, 3 wanted)" in text

@@ -395,7 +395,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                 throughput=report.throughput(js), labelers=report.labelers(js), names=names,
                 mean=mean, se=se, count=count, isnan=math.isnan, layouts=layouts,
                 shares=report.SHARES[single], flags=len(await in_thread(store.flags)),
-                **await staffing(who))
+                reviewed=reviewed(await in_thread(store.reviews)), **await staffing(who))
 
   def invitation(request: Request, token: str) -> str:
     base = public_url or f"{request.url.scheme}://{request.url.netloc}"
@@ -501,6 +501,12 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   def accepted(reviews: dict, item_id: int) -> bool:
     return item_id in reviews and reviews[item_id]["action"] == "accept"
+
+  def reviewed(reviews: dict) -> dict[str, int]:
+    """The admin page's review counts: pairs accepted, sent back, and sent back still short."""
+    back = [r for r in reviews.values() if r["action"] == "send_back"]
+    return {"accepted": sum(r["action"] == "accept" for r in reviews.values()),
+            "sent_back": len(back), "waiting": sum(r["done_count"] < r["wanted"] for r in back)}
 
   def back_to(form: dict[str, str], default: str) -> str:
     """Where a review form returns: an admin page of this site, else `default`."""
