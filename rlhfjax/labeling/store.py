@@ -9,11 +9,12 @@ id already applied to an assignment is acknowledged again and changes nothing (a
 undo a later revision), a new one from the same labeler revises the label.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
-than k and not held by a flag, so picking the next pair, and counting those left, does not slow
-down as finished pairs pile up.
+than they want (k, more once an admin sent them back) and not held by a flag, so picking the next
+pair, and counting those left, does not slow down as finished pairs pile up.
 
 Assignment rules:
-- a pair goes to `k` distinct labelers (never twice to one: one assignment per pair and labeler);
+- a pair goes to `k` distinct labelers (never twice to one: one assignment per pair and labeler),
+  and to one more for each time an admin sends it back;
 - a labeler holds at most one open assignment; it is leased for `lease_s` seconds, after which it
   no longer counts against the pair's k and the pair returns to the queue (a late answer is still
   kept: nothing a labeler wrote is thrown away, and the pair may then end with more than k labels);
