@@ -424,6 +424,10 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
         "document.getElementById('paste').hidden];")
     assert ready == [True, "sign-in", True]
     _keys(driver, Keys.ENTER)
+    # An admin lands on the admin page, handed no pairs until she chooses to label too.
+    _wait(driver, lambda s: s["path"] == "/admin", "the admin page")
+    assert "only 0 people" in driver.find_element(By.ID, "k-warning").text
+    driver.find_element(By.ID, "label-too").click()
     first = _wait(driver, lambda s: s["assignment"], "the labeling page")
     assert first["path"] == "/" and first["done"] == "0" and first["current"] == "q-0"
 
@@ -547,6 +551,15 @@ def test_the_documented_round(tiny_pipeline, tmp_path, browser):
     split = driver.find_elements(By.CSS_SELECTOR, ".disagreement")
     assert split and all({"ada", "bob"} <= {td.text for td in d.find_elements(
         By.CSS_SELECTOR, ".answers td:first-child")} for d in split)
+    # Accept the first pair's labels, then hide the accepted ones.
+    accepted = split[0].get_attribute("data-pair")
+    split[0].find_element(By.CSS_SELECTOR, "button[value=accept]").click()
+    _until(driver, lambda d: "accepted by ada" in d.find_element(
+        By.CSS_SELECTOR, f'.disagreement[data-pair="{accepted}"] .review').text)
+    driver.find_element(By.LINK_TEXT, "Hide accepted pairs").click()
+    _until(driver, lambda d: d.find_elements(By.LINK_TEXT, "show them"))
+    assert accepted not in {d.get_attribute("data-pair") for d in driver.find_elements(
+        By.CSS_SELECTOR, ".disagreement")}
     driver.get(base + "/admin")
     downloads = os.path.join(root, "downloads")
     os.makedirs(downloads)
@@ -605,6 +618,7 @@ def test_screenshot(tmp_path, browser, monkeypatch):
   main.run(_config("label_load", port, source=f"comparisons:{path}"), workdir)
   links = {name: main.run(_config("label_user", port, user=name, admin=name == "ada"), workdir)
            for name in ("ada", "bob")}
+  tasks.open_store(_config("label_server", port), workdir)[0].set_also_labels("ada", True)
   server = Server(_config("label_server", port), workdir, monkeypatch)
 
   def shot(name: str) -> None:
@@ -669,7 +683,10 @@ class SmallSite:
     return _config(task, self.port, source="", protocol=self.protocol, **self.labeling)
 
   def link(self, name: str) -> str:
-    return f"{self.base}/login#token={self.store.add_labeler(name, self.admin[name], 3600.0)}"
+    token = self.store.add_labeler(name, self.admin[name], 3600.0)
+    if self.admin[name]:  # An admin of these tests labels too.
+      self.store.set_also_labels(name, True)
+    return f"{self.base}/login#token={token}"
 
   def end_sessions(self) -> None:
     """Every session expires now, as after `labeling.session_hours`."""

@@ -181,7 +181,7 @@ def disagreements(rows: Sequence[Mapping], single: bool = False) -> list[dict]:
   """Pairs (gold pairs aside; responses of a one-response protocol with `single`) whose labelers
   split: at least two labels whose preferences differ, the widest splits first. Each holds the
   pair's row and its `answers`: (labeler, the answer in A/B terms, the protocol's other answers)
-  per label."""
+  per label, and `labels`: every answer of each label (`label_answers`)."""
   by_item: dict[int, list[Mapping]] = collections.defaultdict(list)
   for r in rows:
     if r["gold"] is None:
@@ -197,6 +197,37 @@ def disagreements(rows: Sequence[Mapping], single: bool = False) -> list[dict]:
       extra = {k: v for k, v in (stored.get("extra") or {}).items() if k != "confidence"}
       answers.append((r["labeler"],
                       in_pair_order(r["preference"], stored.get("extra") or {}, single), extra))
-    out.append({"pair": labels[0], "answers": answers, "spread": max(prefs) - min(prefs)})
+    out.append({"pair": labels[0], "answers": answers, "spread": max(prefs) - min(prefs),
+                "labels": [label_answers(r, single) for r in labels]})
   out.sort(key=lambda d: (-d["spread"], d["pair"]["item_id"]))
   return out
+
+
+def label_answers(row: Mapping, single: bool = False) -> dict:
+  """Every answer of one stored label (a `Store.labels()` row) in the pair's A/B terms, for the
+  admin: `labeler`; `answer` (`in_pair_order`); `preferred` (A, B or tie; thumbs up or down);
+  `rating` (the 9-point rating in A/B order, None without one); `axes`: (question, answer for A,
+  answer for B) per per-response question; `extra`: the protocol's other answers; `left`: the
+  response the labeler saw on the left (A or B; None for one response, or a row without
+  `swapped`)."""
+  stored = json.loads(row["answers"])
+  extra = stored.get("extra") or {}
+  axes_a, axes_b = stored.get("axes_a") or {}, stored.get("axes_b") or {}
+  rating = extra.get("confidence")
+  if single:
+    preferred = "thumbs up" if row["preference"] == 1.0 else "thumbs down"
+  else:
+    preferred = {0.0: "A", 0.5: "tie", 1.0: "B"}[row["preference"]]
+  return {"labeler": row["labeler"], "answer": in_pair_order(row["preference"], extra, single),
+          "preferred": preferred, "rating": rating if isinstance(rating, int) else None,
+          "axes": [(q, axes_a.get(q), axes_b.get(q))
+                   for q in sorted(axes_a.keys() | axes_b.keys(), key=_axis_order)],
+          "extra": {k: v for k, v in extra.items() if k != "confidence"},
+          "left": None if single or "swapped" not in row.keys() else (
+              "B" if row["swapped"] else "A")}
+
+
+def _axis_order(name: str) -> tuple[int, str]:
+  """Per-response questions in the order the protocols ask them, others after, by name."""
+  order = [q.name for p in protocols.PROTOCOLS.values() for q in p.per_response]
+  return (order.index(name) if name in order else len(order), name)

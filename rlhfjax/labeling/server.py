@@ -10,7 +10,7 @@ Security, on purpose:
   carries a token matching a cookie of its own, so no other site can sign a browser in;
 - a labeler reads and writes only their own assignments (anything else is a 404, which does not
   say whether it exists); only admins see the admin pages, and only they see other labelers'
-  answers (the disagreement review);
+  answers (the review pages: disagreements, labels);
 - templates escape everything (model text is untrusted) and the Content-Security-Policy allows
   scripts and styles from this server only, so injected markup cannot run;
 - failed sign-ins are limited per client address (`labeling.login_attempts_per_minute`), in
@@ -77,6 +77,7 @@ HEADERS = {
 MAX_COMMENT = 2000  # Characters of a flag's comment.
 LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}  # Export layouts of pairs; one response: binary.
 SINGLE_LAYOUTS = {"binary": ".jsonl"}
+REVIEW_STATUSES = ("all", "disagreement", "flagged", "accepted")  # Filters of /admin/labels.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +311,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   async def home(request: Request) -> Response:
     who = await signed_in(request)
-    row = await in_thread(store.next_assignment, who["id"])
+    try:
+      row = await in_thread(store.next_assignment, who["id"])
+    except store_lib.Refused:  # An admin who has not chosen to label: the admin page.
+      return RedirectResponse("/admin", 303)
     notice = NOTICES.get(request.query_params.get("did", ""), "")
     if row is None:
       return page("finished.html", who=who, csrf=who["csrf"], notice=notice, goal=goal,
@@ -423,7 +427,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                 progress=await in_thread(store.progress), k=store.settings.k,
                 throughput=report.throughput(js), labelers=report.labelers(js), names=names,
                 mean=mean, se=se, count=count, isnan=math.isnan, layouts=layouts,
-                shares=report.SHARES[single], flags=len(await in_thread(store.flags)))
+                shares=report.SHARES[single], flags=len(await in_thread(store.flags)),
+                reviewed=reviewed(await in_thread(store.reviews)), **await staffing(who))
 
   def invitation(request: Request, token: str) -> str:
     base = public_url or f"{request.url.scheme}://{request.url.netloc}"
@@ -434,7 +439,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     who = await admin_only(request)
     return page("labelers.html", status, who=who, csrf=who["csrf"],
                 labelers=await in_thread(store.labelers), link=link, invited=invited,
-                error=error, token_hours=token_s / 3600)
+                error=error, token_hours=token_s / 3600, k=store.settings.k,
+                **await staffing(who))
 
   async def invite(request: Request) -> Response:
     who = await admin_only(request)
@@ -443,6 +449,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     if not store_lib.NAME.fullmatch(name):
       return await team(request, 400, error="A name is 1-64 letters, digits or _.@-")
     token = await in_thread(store.add_labeler, name, form.get("admin") == "on", token_s)
+    await in_thread(store.set_also_labels, name, form.get("also_labels") == "on")
     log.info("invitation: %s invited %s%s", who["name"], name,
              " (admin)" if form.get("admin") == "on" else "")
     return await team(request, link=invitation(request, token), invited=name)
@@ -476,10 +483,16 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   async def disagreements(request: Request) -> Response:
     who = await admin_only(request)
     found = report.disagreements(await in_thread(store.labels), single)
+    reviews = await in_thread(store.reviews)
+    hide = request.query_params.get("hide") == "accepted"
+    if hide:
+      found = [d for d in found if not accepted(reviews, d["pair"]["item_id"])]
     for d in found:
       d["a"], d["b"] = ([(d["pair"]["response_a"], False)], []) if single else diff.words(
           d["pair"]["response_a"], d["pair"]["response_b"])
-    return page("disagreements.html", who=who, csrf=who["csrf"], found=found)
+    return page("disagreements.html", who=who, csrf=who["csrf"], found=found, reviews=reviews,
+                hide=hide, k=store.settings.k,
+                back="/admin/disagreements" + ("?hide=accepted" if hide else ""))
 
   def export_file(layout: str, split: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
@@ -511,6 +524,81 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       return JSONResponse({"error": exc.detail}, exc.status_code)
     return page("error.html", exc.status_code, message=exc.detail)
 
+  # Review: staffing, an admin's decisions on pairs, the labels of one labeler.
+
+  async def staffing(who: sqlite3.Row) -> dict[str, Any]:
+    """What the admin pages say about who labels: the people who can be handed pairs (to compare
+    with k), and whether this admin is one of them."""
+    return {"active": await in_thread(store.active_labelers),
+            "labels_too": await in_thread(store.labels_too, who["id"])}
+
+  def accepted(reviews: dict, item_id: int) -> bool:
+    return item_id in reviews and reviews[item_id]["action"] == "accept"
+
+  def reviewed(reviews: dict) -> dict[str, int]:
+    """The admin page's review counts: pairs accepted, sent back, and sent back still short."""
+    back = [r for r in reviews.values() if r["action"] == "send_back"]
+    return {"accepted": sum(r["action"] == "accept" for r in reviews.values()),
+            "sent_back": len(back), "waiting": sum(r["done_count"] < r["wanted"] for r in back)}
+
+  def back_to(form: dict[str, str], default: str) -> str:
+    """Where a review form returns: an admin page of this site, else `default`."""
+    back = form.get("back", "")
+    return back if back.startswith("/admin") and "\\" not in back else default
+
+  async def also_labels(request: Request) -> Response:
+    who = await admin_only(request)
+    form = await form_of(request, who)
+    name, on = form.get("name", ""), form.get("on") == "1"
+    try:
+      await in_thread(store.set_also_labels, name, on)
+    except store_lib.Refused as e:
+      raise HTTPException(400, str(e)) from None
+    log.info("who labels: %s %s %s", who["name"],
+             "now hands pairs to" if on else "no longer hands pairs to", name)
+    back = form.get("back", "")
+    return RedirectResponse(back if back in ("/", "/admin", "/admin/labelers") else "/admin", 303)
+
+  async def review(request: Request) -> Response:
+    who = await admin_only(request)
+    form = await form_of(request, who)
+    item, action = request.path_params["item"], form.get("action", "")
+    try:
+      counts = await in_thread(store.review, item, action, who["id"])
+    except store_lib.Refused as e:
+      raise HTTPException(400, str(e)) from None
+    log.info("review: %s chose %s for pair %d (%d labels, %d wanted)", who["name"], action, item,
+             counts["labels"], counts["wanted"])
+    return RedirectResponse(back_to(form, "/admin/disagreements"), 303)
+
+  async def labels_page(request: Request) -> Response:
+    who = await admin_only(request)
+    name = request.query_params.get("labeler", "")
+    status = request.query_params.get("status", "all") or "all"
+    if status not in REVIEW_STATUSES:
+      raise HTTPException(400, f"status must be one of {', '.join(REVIEW_STATUSES)}")
+    rows = await in_thread(store.labels)
+    split = {d["pair"]["item_id"] for d in report.disagreements(rows, single)}
+    flagged = await in_thread(store.flagged_items)
+    reviews = await in_thread(store.reviews)
+    shown = []
+    for r in rows:
+      item = r["item_id"]
+      if name and r["labeler"] != name:
+        continue
+      if (status == "disagreement" and item not in split) or (
+          status == "flagged" and item not in flagged) or (
+          status == "accepted" and not accepted(reviews, item)):
+        continue
+      shown.append({"row": r, "answers": report.label_answers(r, single),
+                    "disagreement": item in split, "flag": flagged.get(item),
+                    "review": reviews.get(item)})
+    query = urllib.parse.urlencode({"labeler": name, "status": status})
+    names = [r["name"] for r in await in_thread(store.labelers)]
+    return page("labels.html", who=who, csrf=who["csrf"], shown=shown, labeler=name,
+                chosen=status, statuses=REVIEW_STATUSES, names=names,
+                back=f"/admin/labels?{query}", k=store.settings.k)
+
   routes = [
       Route("/", home),
       Route("/login", login_page, methods=["GET"]),
@@ -529,6 +617,9 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
       Route("/admin/flags", flags, methods=["GET"]),
       Route("/admin/flags/{item:int}", resolve, methods=["POST"]),
       Route("/admin/disagreements", disagreements),
+      Route("/admin/also-labels", also_labels, methods=["POST"]),
+      Route("/admin/pairs/{item:int}/review", review, methods=["POST"]),
+      Route("/admin/labels", labels_page, methods=["GET"]),
       Route("/admin/export/{layout}/{split}", download),
       Mount("/static", StaticFiles(directory=os.path.join(HERE, "static")), name="static"),
   ]

@@ -13,11 +13,12 @@ assignment), and a submission names the pair and the left/right order it was giv
 be the assignment's.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
-than k and not held by a flag, so picking the next pair, and counting those left, does not slow
-down as finished pairs pile up.
+than they want (k, more once an admin sent them back) and not held by a flag, so picking the next
+pair, and counting those left, does not slow down as finished pairs pile up.
 
 Assignment rules:
-- a pair goes to `k` distinct labelers (never twice to one: one assignment per pair and labeler);
+- a pair goes to `k` distinct labelers (never twice to one: one assignment per pair and labeler),
+  and to one more for each time an admin sends it back;
 - a labeler holds at most one open assignment; it is leased for `lease_s` seconds, after which it
   no longer counts against the pair's k and the pair returns to the queue (a late answer is still
   kept: nothing a labeler wrote is thrown away, and the pair may then end with more than k labels);
@@ -29,6 +30,21 @@ Assignment rules:
   others) and is never offered to that labeler again; a flagged one is skipped, and its pair is held
   out of the queue until an admin returns it (`release`) or removes it (`drop`: nobody is given it
   again and its labels are left out of exports).
+
+Admins review pairs (`review`): *accept* marks a pair's labels as reviewed and accepted; *send
+back* asks for one more label. The counts stay honest: `done_count` is always the number of labels,
+and a pair wants `k + extra_labels` of them, `extra_labels` (0 unless sent back) being stored per
+pair. Sending back raises it to one more than the pair has or was already due, so the pair is
+open again and goes, by the usual rules, to one more labeler who has not been given it. The queue's
+condition `done_count < k + extra_labels` is one expression over the row, so the partial index
+keeps it as its literal (with k, as before) and stays the queue's index; a send-back is an update
+of one row, which SQLite moves into the index. Every decision is a row of `reviews` (pair, action,
+admin, time); the latest one is the pair's review status.
+
+Admins are handed pairs only when they opt in (`labelers.also_labels`, `set_also_labels`):
+`next_assignment` refuses the others, so no route can give them one. The people who can be handed
+pairs (`active_labelers`) are the labelers not revoked and the admins who opted in; with fewer than
+k of them no pair can be finished.
 
 Login tokens and session ids are stored as SHA-256 hashes only; the file is created readable by
 its owner alone. A new sign-in token for a labeler ends their open sessions; revoking a labeler
@@ -63,11 +79,13 @@ CREATE TABLE IF NOT EXISTS items (
   gold REAL CHECK (gold IN (0, 0.5, 1)),
   position INTEGER NOT NULL,
   done_count INTEGER NOT NULL DEFAULT 0,
-  held INTEGER NOT NULL DEFAULT 0);
+  held INTEGER NOT NULL DEFAULT 0,
+  extra_labels INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS items_queue ON items (gold, position);
 CREATE TABLE IF NOT EXISTS labelers (
   id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, is_admin INTEGER NOT NULL,
-  token_hash TEXT UNIQUE, token_expires REAL, created REAL NOT NULL, revoked REAL);
+  token_hash TEXT UNIQUE, token_expires REAL, created REAL NOT NULL, revoked REAL,
+  also_labels INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS sessions (
   id_hash TEXT PRIMARY KEY, labeler_id INTEGER NOT NULL REFERENCES labelers (id),
   csrf TEXT NOT NULL, expires REAL NOT NULL, ended TEXT);
@@ -93,13 +111,23 @@ CREATE TABLE IF NOT EXISTS flags (
   labeler_id INTEGER NOT NULL REFERENCES labelers (id),
   comment TEXT NOT NULL, created REAL NOT NULL, resolved REAL, resolution TEXT,
   UNIQUE (item_id, labeler_id));
+CREATE TABLE IF NOT EXISTS reviews (
+  id INTEGER PRIMARY KEY,
+  item_id INTEGER NOT NULL REFERENCES items (id),
+  action TEXT NOT NULL CHECK (action IN ('accept', 'send_back')),
+  admin_id INTEGER NOT NULL REFERENCES labelers (id),
+  created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS reviews_item ON reviews (item_id, id);
 """
 
 # Columns added after the first release: (table, column, declaration) for `ALTER TABLE ADD COLUMN`.
 ADDED_COLUMNS = (("items", "held", "INTEGER NOT NULL DEFAULT 0"),
                  ("labelers", "revoked", "REAL"),
                  ("assignments", "skipped", "REAL"),
-                 ("sessions", "ended", "TEXT"))
+                 ("sessions", "ended", "TEXT"),
+                 ("items", "extra_labels", "INTEGER NOT NULL DEFAULT 0"),
+                 ("labelers", "also_labels", "INTEGER NOT NULL DEFAULT 0"))
+REVIEW_ACTIONS = ("accept", "send_back")  # The admins' decisions on a pair (table `reviews`).
 HELD, DROPPED = 1, 2  # items.held: 0 in the queue, 1 flagged (waits for an admin), 2 removed.
 
 NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # A labeler's name: no spaces, nothing to escape.
@@ -176,11 +204,13 @@ class Store:
     db.execute("PRAGMA foreign_keys=ON")
     db.executescript(SCHEMA)  # Idempotent; executescript runs its own transaction.
     k = int(settings.k)
-    self._open = f"gold IS NULL AND done_count < {k}"
+    # A pair wants k labels plus those an admin asked for when sending it back (`extra_labels`).
+    self._open = f"gold IS NULL AND done_count < {k} + extra_labels"
     self._queued = f"{self._open} AND held = 0"  # Open and not held by a flag: the index's literal.
-    self._index = f"items_queued_{k}"
+    self._index = f"items_wanted_{k}"
     db.execute(f"CREATE INDEX IF NOT EXISTS {self._index} ON items (position) WHERE {self._queued}")
-    db.execute(f"DROP INDEX IF EXISTS items_open_{k}")  # An earlier version's, without `held`.
+    for old in (f"items_open_{k}", f"items_queued_{k}"):  # Earlier versions' (no held, no extra).
+      db.execute(f"DROP INDEX IF EXISTS {old}")
 
   def _db(self) -> sqlite3.Connection:
     db = getattr(self._local, "db", None)
@@ -326,11 +356,12 @@ class Store:
                  "AND skipped IS NULL", (row["id"],))
 
   def labelers(self) -> list[sqlite3.Row]:
-    """Every labeler for the admin: name, role, whether a sign-in link is waiting, live sessions,
-    labels, the last label's time, and when access was revoked (None: not revoked)."""
+    """Every labeler for the admin: name, role, whether an admin also labels, whether a sign-in
+    link is waiting, live sessions, labels, the last label's time, and when access was revoked
+    (None: not revoked)."""
     now = time.time()
     return self.read().execute(
-        "SELECT l.id, l.name, l.is_admin, l.created, l.revoked, "
+        "SELECT l.id, l.name, l.is_admin, l.also_labels, l.created, l.revoked, "
         "(l.token_hash IS NOT NULL AND l.token_expires > ?) AS invited, "
         "(SELECT COUNT(*) FROM sessions s WHERE s.labeler_id = l.id AND s.expires > ?) "
         "AS sessions, "
@@ -342,17 +373,22 @@ class Store:
 
   def next_assignment(self, labeler_id: int) -> sqlite3.Row | None:
     """The labeler's open assignment (its lease renewed), else a new one; None when nothing is
-    left for them. Returns the assignment joined with its pair."""
+    left for them. Returns the assignment joined with its pair. An admin is handed pairs only after
+    opting in (`set_also_labels`); before, this raises `Refused`."""
     s, now = self.settings, time.time()
     with self.write() as db:
+      who = db.execute("SELECT is_admin, also_labels FROM labelers WHERE id = ?",
+                       (labeler_id,)).fetchone()
+      if who is not None and who["is_admin"] and not who["also_labels"]:
+        raise Refused("admins are handed pairs only when they choose to label too")
       row = db.execute("SELECT id, item_id, lease_expires FROM assignments "
                        "WHERE labeler_id = ? AND done IS NULL AND skipped IS NULL",
                        (labeler_id,)).fetchone()
       if row is not None:
-        gold, held = db.execute("SELECT gold, held FROM items WHERE id = ?",
-                                (row["item_id"],)).fetchone()
+        gold, held, extra = db.execute("SELECT gold, held, extra_labels FROM items WHERE id = ?",
+                                       (row["item_id"],)).fetchone()
         if not held and (row["lease_expires"] > now or gold is not None or self._active(
-            db, row["item_id"], now) < s.k):  # Still held, or the pair still needs it.
+            db, row["item_id"], now) < s.k + extra):  # Still held, or the pair still needs it.
           db.execute("UPDATE assignments SET lease_expires = ? WHERE id = ?",
                      (now + s.lease_s, row["id"]))
           return self._assignment(db, row["id"])
@@ -369,7 +405,8 @@ class Store:
             f"SELECT id FROM items i INDEXED BY {self._index} WHERE {self._queued} AND "
             "NOT EXISTS (SELECT 1 FROM assignments a WHERE a.item_id = i.id AND "
             "a.labeler_id = ?) AND (SELECT COUNT(*) FROM assignments a WHERE a.item_id = i.id "
-            "AND (a.done IS NOT NULL OR a.lease_expires > ?)) < ? ORDER BY position LIMIT 1",
+            "AND (a.done IS NOT NULL OR a.lease_expires > ?)) < ? + i.extra_labels "
+            "ORDER BY position LIMIT 1",
             (labeler_id, now, s.k)).fetchone()
       if item is None:
         return None
@@ -463,10 +500,13 @@ class Store:
       db.execute("UPDATE items SET held = ? WHERE id = ? AND held = 0", (HELD, row["item_id"]))
 
   def flags(self) -> list[sqlite3.Row]:
-    """Flags no admin has resolved yet, oldest first, with their pairs and labelers."""
+    """Flags no admin has resolved yet, oldest first, with their pairs and labelers, and `swapped`:
+    how the flagger was shown the pair (1: B on the left; None if their assignment is gone)."""
     return self.read().execute(
-        "SELECT f.id AS flag_id, f.comment, f.created AS flagged, lb.name AS labeler, i.* "
+        "SELECT f.id AS flag_id, f.comment, f.created AS flagged, lb.name AS labeler, i.*, "
+        "a.swapped AS swapped "
         "FROM flags f JOIN items i ON i.id = f.item_id JOIN labelers lb ON lb.id = f.labeler_id "
+        "LEFT JOIN assignments a ON a.item_id = f.item_id AND a.labeler_id = f.labeler_id "
         "WHERE f.resolved IS NULL ORDER BY f.created").fetchall()
 
   def resolve(self, item_id: int, action: str) -> None:
@@ -507,7 +547,8 @@ class Store:
     open_pairs = db.execute(f"SELECT COUNT(*) FROM items INDEXED BY {self._index} WHERE "
                             f"{self._queued}").fetchone()[0]
     seen = db.execute("SELECT COUNT(*) FROM assignments a JOIN items i ON i.id = a.item_id "
-                      "WHERE a.labeler_id = ? AND i.gold IS NULL AND i.done_count < ? AND "
+                      "WHERE a.labeler_id = ? AND i.gold IS NULL AND "
+                      "i.done_count < ? + i.extra_labels AND "
                       "i.held = 0", (labeler_id, self.settings.k)).fetchone()[0]
     return {"mine": mine, "everyone": everyone, "open_to_me": open_pairs - seen}
 
@@ -535,3 +576,72 @@ class Store:
         "JOIN assignments a ON a.id = l.assignment_id JOIN items i ON i.id = a.item_id "
         f"JOIN labelers lb ON lb.id = a.labeler_id WHERE i.held != {DROPPED} "
         "ORDER BY l.created, l.assignment_id").fetchall()
+
+  # Review: an admin's decisions on pairs, and who labels.
+
+  def set_also_labels(self, name: str, on: bool) -> None:
+    """Whether the admin `name` is handed pairs too (labelers always are). Turning it off gives
+    back an open assignment (labels stay)."""
+    with self.write() as db:
+      row = db.execute("SELECT id, is_admin FROM labelers WHERE name = ?", (name,)).fetchone()
+      if row is None:
+        raise Refused(f"no labeler named {name!r}")
+      db.execute("UPDATE labelers SET also_labels = ? WHERE id = ?", (int(on), row["id"]))
+      if row["is_admin"] and not on:
+        db.execute("DELETE FROM assignments WHERE labeler_id = ? AND done IS NULL AND skipped "
+                   "IS NULL", (row["id"],))
+
+  def labels_too(self, labeler_id: int) -> bool:
+    """Whether `next_assignment` hands this labeler pairs: a labeler, or an admin who opted in."""
+    row = self.read().execute("SELECT is_admin, also_labels FROM labelers WHERE id = ?",
+                              (labeler_id,)).fetchone()
+    return row is not None and (not row["is_admin"] or bool(row["also_labels"]))
+
+  def active_labelers(self) -> int:
+    """The people who can be handed pairs: not revoked, and not an admin unless they opted in.
+    Fewer than k of them and no pair can get its k labels (each goes to k distinct people)."""
+    return self.read().execute(
+        "SELECT COUNT(*) FROM labelers WHERE revoked IS NULL AND (is_admin = 0 OR "
+        "also_labels != 0)").fetchone()[0]
+
+  def review(self, item_id: int, action: str, admin_id: int) -> dict[str, int]:
+    """Records an admin's decision on a (non-gold, not dropped) pair: `accept` marks its labels
+    reviewed and accepted; `send_back` asks for one more label than the pair has or is already
+    due (k + extra_labels, whichever is more): `extra_labels` grows so the pair is open again and
+    goes to one labeler who has not been given it. Returns the pair's labels and wanted labels."""
+    if action not in REVIEW_ACTIONS:
+      raise Refused(f"unknown action {action!r} (accept or send_back)")
+    k = self.settings.k
+    with self.write() as db:
+      item = db.execute("SELECT gold, held, done_count, extra_labels FROM items WHERE id = ?",
+                        (item_id,)).fetchone()
+      if item is None:
+        raise Refused(f"no pair {item_id}")
+      if item["gold"] is not None:
+        raise Refused(f"pair {item_id} is a gold pair: it goes to everyone and is not reviewed")
+      if item["held"] == DROPPED:
+        raise Refused(f"pair {item_id} was dropped")
+      extra = item["extra_labels"]
+      if action == "send_back":
+        extra = max(k + extra, item["done_count"]) + 1 - k
+        db.execute("UPDATE items SET extra_labels = ? WHERE id = ?", (extra, item_id))
+      db.execute("INSERT INTO reviews (item_id, action, admin_id, created) VALUES (?, ?, ?, ?)",
+                 (item_id, action, admin_id, time.time()))
+    return {"labels": item["done_count"], "wanted": k + extra}
+
+  def reviews(self) -> dict[int, sqlite3.Row]:
+    """Each reviewed pair's latest decision: item_id -> (action, admin, created, done_count,
+    extra_labels, wanted)."""
+    rows = self.read().execute(
+        "SELECT r.item_id, r.action, r.created, lb.name AS admin, i.done_count, i.extra_labels, "
+        "? + i.extra_labels AS wanted FROM reviews r JOIN labelers lb ON lb.id = r.admin_id "
+        "JOIN items i ON i.id = r.item_id "
+        "WHERE r.id = (SELECT MAX(id) FROM reviews WHERE item_id = r.item_id)",
+        (self.settings.k,)).fetchall()
+    return {r["item_id"]: r for r in rows}
+
+  def flagged_items(self) -> dict[int, bool]:
+    """Pairs anyone flagged: item_id -> whether a flag of it is still open."""
+    rows = self.read().execute("SELECT item_id, SUM(resolved IS NULL) AS open FROM flags "
+                               "GROUP BY item_id").fetchall()
+    return {r["item_id"]: bool(r["open"]) for r in rows}

@@ -117,7 +117,20 @@ def serve(config, workdir: str) -> None:
   served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
   store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
   metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, {c.url or served}")
+  warning = staffing_warning(store)
+  if warning:
+    metrics_lib.info(f"label_server: {warning}")
   uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
+
+
+def staffing_warning(store: store_lib.Store) -> str:
+  """A warning when fewer people can be handed pairs than each pair asks for (k), else ''."""
+  active, k = store.active_labelers(), store.settings.k
+  if active >= k:
+    return ""
+  return (f"warning: each pair asks for {k} labels (labeling.labels_per_pair) but only {active} "
+          f"{'person' if active == 1 else 'people'} can be handed pairs (labelers not revoked, and "
+          "admins who chose to label too): no pair gets its labels until more are invited")
 
 
 def export(config, workdir: str) -> dict[str, Any]:
