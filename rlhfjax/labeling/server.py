@@ -20,7 +20,8 @@ Security, on purpose:
   anyway).
 A label is acknowledged (HTTP 200) only after its transaction is committed. Every request is logged
 (`rlhfjax.labeling`: address, method, path without its query, status, milliseconds, labeler), and so
-are sign-ins, refusals and errors; tokens never reach a log.
+are sign-ins, flags (with their comment), refusals and errors, one line each: control characters in
+paths and users' text are escaped (`safe_text.EscapeArgs`); tokens never reach a log.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ from rlhfjax.labeling import diff
 from rlhfjax.labeling import guidelines as guidelines_lib
 from rlhfjax.labeling import protocols
 from rlhfjax.labeling import report
+from rlhfjax.labeling import safe_text
 from rlhfjax.labeling import store as store_lib
 
 log = logging.getLogger("rlhfjax.labeling")
+log.addFilter(safe_text.EscapeArgs())  # Paths and users' text: one line each, escaped.
 
 COOKIE = "rlhfjax_session"
 LOGIN_COOKIE = "rlhfjax_login"  # The sign-in form's own CSRF token (double submit).
@@ -74,6 +77,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_COMMENT = 2000  # Characters of a flag's comment.
+LOG_COMMENT = 200  # Characters of a flag's comment in the log.
 LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}  # Export layouts of pairs; one response: binary.
 SINGLE_LAYOUTS = {"binary": ".jsonl"}
 
@@ -363,7 +367,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                       comment[:MAX_COMMENT])
     except store_lib.NotFound:
       raise HTTPException(404, "no such assignment") from None
-    log.info("flag: %s flagged assignment %d", who["name"], request.path_params["assignment"])
+    log.info("flag: %s flagged assignment %d: %s", who["name"], request.path_params["assignment"],
+             comment[:LOG_COMMENT] + ("…" if len(comment) > LOG_COMMENT else ""))
     return RedirectResponse("/", 303)
 
   async def mine(request: Request) -> Response:
@@ -471,8 +476,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     if exc.status_code == 303:
       return RedirectResponse(exc.headers["Location"], 303)
     if exc.status_code >= 400:
-      log.warning("refused: %s %s %d %s", request.method, request.url.path, exc.status_code,
-                  exc.detail)
+      log.warning("refused: %s %s %d %s", request.method, request.scope["path"], exc.status_code,
+                  exc.detail)  # The path as received (request.url's drops CR and LF).
     if request.url.path.startswith("/label/") and request.method == "POST" and \
         request.url.path.count("/") == 2:
       return JSONResponse({"error": exc.detail}, exc.status_code)

@@ -4,7 +4,7 @@
 - `label_user`: create a labeler (`labeling.user`, an admin with `labeling.admin`) and print a
   one-time sign-in link; run it again for a new link;
 - `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra),
-  logging every request and sign-in to stderr;
+  logging every request and sign-in to stderr, one line each;
 - `label_export`: write the finished labels as comparison files for task=rm (the binary protocol's
   as binary feedback files for task=kto), and the agreement report.
 
@@ -14,11 +14,12 @@ different `labeling.protocol` later is an error, not a silent mix of answer kind
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import sys
-from typing import Any
+from typing import Any, Iterator, TextIO
 
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
@@ -89,6 +90,30 @@ def user(config, workdir: str) -> str:
   return link
 
 
+@contextlib.contextmanager
+def stderr_log(stream: TextIO | None = None) -> Iterator[None]:
+  """The site's log (`rlhfjax.labeling`: requests, sign-ins, refusals) on `stream` (stderr), one
+  line per event, for the block: a handler of its own, and no propagation to the root logger,
+  where absl's handler (app.run installs it) would write every event a second time. A logger
+  someone configured already is left as it is."""
+  log = logging.getLogger("rlhfjax.labeling")
+  if log.handlers:
+    yield
+    return
+  handler = logging.StreamHandler(stream or sys.stderr)
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+  level, propagate = log.level, log.propagate
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False
+  try:
+    yield
+  finally:
+    log.removeHandler(handler)
+    log.setLevel(level)
+    log.propagate = propagate
+
+
 def serve(config, workdir: str) -> None:
   """task=label_server: serves until interrupted (Ctrl-C or SIGTERM)."""
   try:  # The label extra: the web stack and the guidelines' Markdown renderer.
@@ -107,16 +132,11 @@ def serve(config, workdir: str) -> None:
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
       export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels))
-  log = logging.getLogger("rlhfjax.labeling")
-  if not log.handlers:  # The access log and sign-in events, on stderr.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
   served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
   store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
   metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, {c.url or served}")
-  uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
+  with stderr_log():  # The access log and sign-in events.
+    uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
 
 
 def export(config, workdir: str) -> dict[str, Any]:

@@ -1,0 +1,163 @@
+"""Running the labeling site: its log (one line per event, control characters in paths and users'
+text escaped), a session cookie per site, labelers' names that every URL can hold, revoking from
+the command line, and bidi control characters shown rather than obeyed."""
+
+import http.client
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("starlette")
+from starlette.testclient import TestClient  # noqa: E402
+
+from rlhfjax.errors import ConfigError  # noqa: E402
+from rlhfjax.labeling import diff  # noqa: E402
+from rlhfjax.labeling import protocols  # noqa: E402
+from rlhfjax.labeling import safe_text  # noqa: E402
+from rlhfjax.labeling import server  # noqa: E402
+from rlhfjax.labeling import sources  # noqa: E402
+from rlhfjax.labeling import store as store_lib  # noqa: E402
+from rlhfjax.labeling import tasks  # noqa: E402
+
+from conftest import ROOT, load_config  # noqa: E402
+
+STIENNON = protocols.get("stiennon")
+FORGED = "2026-11-27 11:20:00,000 INFO sign-in: ada from 10.6.6.6"
+RLO = "\u202e"
+UNSAFE = re.compile("[\x00-\x1f\x7f\u2028\u2029" + safe_text.BIDI + "]")
+
+
+def pair(i: int, a: str | None = None, b: str | None = None) -> dict:
+  prompt = {"id": f"post{i}", "prompt": f"post {i}", "title": f"title {i}", "subreddit": "tifu",
+            "input": ""}
+  return sources.item(prompt, a or f"summary a{i}", b or f"longer summary b{i}", "sft", "ppo",
+                      "train")
+
+
+def make_store(tmp_path, items=None) -> store_lib.Store:
+  s = store_lib.Store(str(tmp_path / "ops.db"), store_lib.Settings(gold_every=0, k=2))
+  s.add_items(items or [pair(i) for i in range(3)])
+  return s
+
+
+def sign_in(c: TestClient, token: str):
+  csrf = form_csrf(c.get("/login").text)
+  return c.post("/login", data={"token": token, "csrf": csrf})
+
+
+def form_csrf(html: str) -> str:
+  return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+def client(app, s: store_lib.Store, name: str | None = None, admin: bool = False) -> TestClient:
+  c = TestClient(app, base_url="http://testserver")
+  if name is not None:
+    assert sign_in(c, s.add_labeler(name, admin, 60)).status_code == 200
+  return c
+
+
+def assignment_of(html: str) -> str:
+  return re.search(r'data-assignment="(\d+)"', html).group(1)
+
+
+# 1. The log.
+
+def test_escape_writes_control_characters_as_python_escapes():
+  assert safe_text.escape("a\nb\rc\x00d\te\x1bf\x7fg\\h") == "a\\nb\\rc\\x00d\\te\\x1bf\\x7fg\\\\h"
+  assert safe_text.escape(f"x\u2028y{RLO}z\u200e") == "x\\u2028y\\u202ez\\u200e"
+  assert safe_text.escape("naïve — “quoted” 日本") == "naïve — “quoted” 日本"
+
+
+def test_paths_and_flag_comments_reach_the_log_escaped_one_line_each(tmp_path, caplog):
+  s = make_store(tmp_path)
+  app = server.create_app(s, STIENNON)
+  caplog.set_level("INFO", logger="rlhfjax.labeling")
+  ada = client(app, s, "ada")
+  for path in (f"/nothing%0a{FORGED}", f"/nothing%0d{FORGED}", "/nul%00byte%1b[2J",
+               "/back%5cslash%0d%0a"):
+    assert ada.get(path).status_code == 404
+  html = ada.get("/").text
+  comment = f"cut off\r\n{FORGED}\x00 and {RLO}txt.exe " + "x" * 400
+  assert ada.post(f"/label/{assignment_of(html)}/flag",
+                  data={"csrf": form_csrf(html), "comment": comment}).status_code == 200
+  messages = [r.getMessage() for r in caplog.records if r.name == "rlhfjax.labeling"]
+  assert messages and not [m for m in messages if UNSAFE.search(m)]
+  lines = caplog.text.splitlines()
+  assert len(lines) == len(caplog.records)  # Each record one line.
+  assert not [line for line in lines if FORGED in line and not re.search(r"\\[nr]" + FORGED, line)]
+  for escaped in (f"GET /nothing\\n{FORGED} 404", f"GET /nothing\\r{FORGED} 404",
+                  "GET /nul\\x00byte\\x1b[2J 404", "GET /back\\\\slash\\r\\n 404"):
+    assert len([m for m in messages if escaped in m]) == 2, (escaped, messages)  # Access, refusal.
+  flag = [m for m in messages if m.startswith("flag: ada flagged assignment")]
+  assert len(flag) == 1
+  head = f": cut off\\r\\n{FORGED}\\x00 and \\u202etxt.exe x"
+  assert head in flag[0] and flag[0].endswith(
+      safe_text.escape(comment[:server.LOG_COMMENT]) + "…"), flag[0]
+  assert len(flag[0]) < server.LOG_COMMENT + 60  # Truncated.
+  assert "\x00" not in caplog.text and "\r" not in caplog.text
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def test_label_server_writes_each_event_once(tmp_path):
+  """The real command (absl's app.run, uvicorn): every event one line, in our format only."""
+  port = _free_port()
+  err = open(tmp_path / "stderr", "w+", encoding="utf-8", errors="backslashreplace")
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "rlhfjax.main", "--config", "configs/labeling.py:tiny",
+       "--workdir", str(tmp_path / "w"), f"--config.labeling.port={port}"],
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+  try:
+    deadline = time.time() + 120
+    while True:
+      try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/login")
+        break
+      except OSError:
+        assert proc.poll() is None and time.time() < deadline, "the server did not start"
+        time.sleep(0.3)
+    assert conn.getresponse().status == 200
+    for path in (f"/nothing%0a{FORGED.replace(' ', '%20')}", "/nul%00byte%0d"):
+      conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+      conn.request("GET", path)
+      assert conn.getresponse().status == 404
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    try:
+      proc.wait(30)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+  err.seek(0)
+  text = err.read()
+  lines = text.splitlines()
+  events = [line for line in lines if " GET /" in line]
+  assert len(events) == 5, text  # 3 requests, 2 of them refused: one line each.
+  assert len([line for line in events if re.search(r" INFO 127\.0\.0\.1 GET /login 200 ", line)]
+             ) == 1, text
+  assert len([line for line in events if f"GET /nothing\\n{FORGED} 404" in line]) == 2, text
+  assert len([line for line in events if "GET /nul\\x00byte\\r 404" in line]) == 2, text
+  assert not [line for line in lines if re.match(r"[IWEF]\d{4} ", line)], text  # absl's format.
+  assert not [line for line in lines if line.startswith(FORGED)], text
+  assert "\x00" not in text
+
+
+def test_stderr_log_restores_the_logger_and_leaves_a_configured_one_alone():
+  log = logging.getLogger("rlhfjax.labeling")
+  before = (list(log.handlers), log.level, log.propagate)
+  with tasks.stderr_log():
+    assert len(log.handlers) == len(before[0]) + (0 if before[0] else 1)
+    assert log.propagate is (before[2] if before[0] else False)
+  assert (list(log.handlers), log.level, log.propagate) == before
