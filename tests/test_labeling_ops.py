@@ -161,3 +161,44 @@ def test_stderr_log_restores_the_logger_and_leaves_a_configured_one_alone():
     assert len(log.handlers) == len(before[0]) + (0 if before[0] else 1)
     assert log.propagate is (before[2] if before[0] else False)
   assert (list(log.handlers), log.level, log.propagate) == before
+
+
+# 2. A cookie per site.
+
+def test_two_sites_on_one_host_keep_their_sessions(tmp_path):
+  """One browser (one cookie jar) signs in to two sites on one host, ports 8001 and 8002."""
+  def sites(cookies):
+    apps = {}
+    for port, cookie in zip((8001, 8002), cookies):
+      s = store_lib.Store(str(tmp_path / f"{cookie}{port}.db"), store_lib.Settings(gold_every=0))
+      s.add_items([pair(0)])
+      apps[port] = (server.create_app(s, STIENNON, cookie=cookie), s)
+
+    async def by_port(scope, receive, send):
+      await apps[scope["server"][1]][0](scope, receive, send)
+    return TestClient(by_port, base_url="http://testserver"), apps
+
+  def both_signed_in(cookies) -> list[bool]:
+    browser, apps = sites(cookies)
+    for port, (_, s) in apps.items():
+      csrf = form_csrf(browser.get(f"http://testserver:{port}/login").text)
+      assert browser.post(f"http://testserver:{port}/login",
+                          data={"token": s.add_labeler("ada", False, 60), "csrf": csrf},
+                          follow_redirects=False).status_code == 303
+    return [browser.get(f"http://testserver:{port}/", follow_redirects=False).status_code == 200
+            for port in apps]
+
+  assert both_signed_in([server.COOKIE] * 2) == [False, True]  # One name: the second wins.
+  config = load_config("labeling", "tiny")
+  names = []
+  for port in (8001, 8002):
+    config.labeling.port = port
+    names.append(tasks.cookie_name(config.labeling))
+  assert names == ["rlhfjax_session_8001", "rlhfjax_session_8002"]
+  assert both_signed_in(names) == [True, True]
+  config.labeling.cookie_name = "team_b"
+  assert tasks.cookie_name(config.labeling) == "team_b"
+  assert server.cookie_names("team_b") == ("team_b", "team_b_login")
+  config.labeling.cookie_name = "a b;"
+  with pytest.raises(ConfigError, match="labeling.cookie_name"):
+    tasks.cookie_name(config.labeling)

@@ -62,7 +62,7 @@ from rlhfjax.labeling import store as store_lib
 log = logging.getLogger("rlhfjax.labeling")
 log.addFilter(safe_text.EscapeArgs())  # Paths and users' text: one line each, escaped.
 
-COOKIE = "rlhfjax_session"
+COOKIE = "rlhfjax_session"  # The session cookie's default name (task=label_server: per port).
 LOGIN_COOKIE = "rlhfjax_login"  # The sign-in form's own CSRF token (double submit).
 HERE = os.path.dirname(__file__)
 HEADERS = {
@@ -165,14 +165,22 @@ def _first_words(text: str, n: int = 12) -> str:
   return " ".join(words[:n]) + (" …" if len(words) > n else "")
 
 
+def cookie_names(name: str = COOKIE) -> tuple[str, str]:
+  """The session cookie's and the sign-in form's cookie's names for a site whose session cookie is
+  `name`. Cookies ignore the port: two sites on one host need names of their own, or signing in to
+  one replaces the other's session."""
+  return (COOKIE, LOGIN_COOKIE) if name == COOKIE else (name, f"{name}_login")
+
+
 def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                session_s: float = 12 * 3600, login_per_minute: int = 10,
                public_url: str = "", guidelines: str = "", token_s: float = 72 * 3600,
-               export_rules: ExportRules = ExportRules()) -> Starlette:
+               export_rules: ExportRules = ExportRules(), cookie: str = COOKIE) -> Starlette:
   """The app for one labeling database. `public_url` is its address behind a proxy (its origin is
   also accepted, an https one makes the cookie Secure, and invitation links use it);
   `guidelines` is the Markdown of the guidelines page ('' : the protocol's own); `token_s` is how
-  long an invitation link works."""
+  long an invitation link works; `cookie` names the session cookie (`cookie_names`)."""
+  session_cookie, login_cookie = cookie_names(cookie)
   parts = urllib.parse.urlsplit(public_url)
   public_origin = f"{parts.scheme}://{parts.netloc}" if parts.netloc else ""
   secure_cookie = parts.scheme == "https"
@@ -192,7 +200,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return request.client.host if request.client else "?"
 
   async def labeler(request: Request) -> sqlite3.Row | None:
-    session = request.cookies.get(COOKIE)
+    session = request.cookies.get(session_cookie)
     who = await in_thread(store.session, session) if session else None
     if who is not None:
       request.state.who = who["name"]
@@ -232,7 +240,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   def login_form(status: int = 200, error: str = "") -> HTMLResponse:
     csrf = secrets.token_urlsafe(16)
     response = page("login.html", status, csrf=csrf, error=error)
-    response.set_cookie(LOGIN_COOKIE, csrf, max_age=3600, httponly=True, samesite="strict",
+    response.set_cookie(login_cookie, csrf, max_age=3600, httponly=True, samesite="strict",
                         secure=secure_cookie, path="/login")
     return response
 
@@ -243,7 +251,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     ip = client_ip(request)
     check_origin(request)
     form = await request.form()
-    expected = request.cookies.get(LOGIN_COOKIE, "")
+    expected = request.cookies.get(login_cookie, "")
     if not expected or not secrets.compare_digest(str(form.get("csrf", "")).encode(),
                                                   expected.encode()):
       log.warning("sign-in refused from %s: the form expired or came from elsewhere", ip)
@@ -264,8 +272,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                              "new one).")
     log.info("sign-in: %s from %s", session[2], ip)
     response = RedirectResponse("/", 303)
-    response.delete_cookie(LOGIN_COOKIE, path="/login")
-    response.set_cookie(COOKIE, session[0], max_age=int(session_s), httponly=True,
+    response.delete_cookie(login_cookie, path="/login")
+    response.set_cookie(session_cookie, session[0], max_age=int(session_s), httponly=True,
                         samesite="strict", secure=secure_cookie)
     return response
 
@@ -273,10 +281,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     who = await labeler(request)
     if who is not None:
       await form_of(request, who)
-      await in_thread(store.logout, request.cookies[COOKIE])
+      await in_thread(store.logout, request.cookies[session_cookie])
       log.info("sign-out: %s", who["name"])
     response = RedirectResponse("/login", 303)
-    response.delete_cookie(COOKIE)
+    response.delete_cookie(session_cookie)
     return response
 
   def sides(row: sqlite3.Row) -> tuple[str, str]:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import random
+import re
 import sys
 from typing import Any, Iterator, TextIO
 
@@ -114,6 +115,15 @@ def stderr_log(stream: TextIO | None = None) -> Iterator[None]:
     log.propagate = propagate
 
 
+def cookie_name(c) -> str:
+  """The session cookie's name: `labeling.cookie_name`, else one of the port's own (cookies ignore
+  the port, so two sites on one host would otherwise sign each other's labelers out)."""
+  name = c.get("cookie_name", "") or f"rlhfjax_session_{c.port}"
+  if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+    raise ConfigError(f"labeling.cookie_name: 1-64 letters, digits, _ or - (got {name!r})")
+  return name
+
+
 def serve(config, workdir: str) -> None:
   """task=label_server: serves until interrupted (Ctrl-C or SIGTERM)."""
   try:  # The label extra: the web stack and the guidelines' Markdown renderer.
@@ -131,7 +141,8 @@ def serve(config, workdir: str) -> None:
       login_per_minute=c.login_attempts_per_minute, public_url=c.url,
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
-      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels))
+      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels),
+      cookie=cookie_name(c))
   served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
   store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
   metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, {c.url or served}")
