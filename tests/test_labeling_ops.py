@@ -202,3 +202,47 @@ def test_two_sites_on_one_host_keep_their_sessions(tmp_path):
   config.labeling.cookie_name = "a b;"
   with pytest.raises(ConfigError, match="labeling.cookie_name"):
     tasks.cookie_name(config.labeling)
+
+
+# 3. Labelers' names.
+
+BAD_NAMES = [".", "..", "-x", "_x", "@x", ".hidden", "a/b", "../admin", "a b", " ada", "ada\n",
+             "", "x" * 65, "a\x00", f"a{RLO}b", "é"]
+
+
+def test_names_must_start_with_a_letter_or_digit_at_the_store_and_the_form(tmp_path):
+  s = make_store(tmp_path)
+  for name in BAD_NAMES:
+    with pytest.raises(ValueError, match="starts with a letter or digit"):
+      s.add_labeler(name, False, 60)
+  assert s.labelers() == []
+  for name in ("a", "0", "ada.lovelace", "ada@example.org", "a-b_c", "x" * 64):
+    s.add_labeler(name, False, 60)
+  app = server.create_app(s, STIENNON)
+  root = client(app, s, "root", admin=True)
+  csrf = form_csrf(root.get("/admin/labelers").text)
+  for name in BAD_NAMES:
+    refused = root.post("/admin/labelers", data={"csrf": csrf, "name": name})
+    if name.strip() and store_lib.NAME.fullmatch(name.strip()):
+      continue  # The form trims surrounding spaces: " ada" is ada.
+    assert refused.status_code == 400 and "starts with a letter or digit" in refused.text, name
+  assert len(s.labelers()) == 7 + 1  # The six above, the long one, root (and " ada" as ada).
+  config = load_config("labeling", "tiny")
+  config.labeling.update(db=str(tmp_path / "ops.db"), user="..")
+  with pytest.raises(ConfigError, match="labeling.user: .*starts with a letter or digit"):
+    tasks.user(config, str(tmp_path))
+
+
+def test_a_name_with_a_dot_is_invited_and_revoked_from_the_web(tmp_path):
+  s = make_store(tmp_path)
+  app = server.create_app(s, STIENNON)
+  root = client(app, s, "root", admin=True)
+  csrf = form_csrf(root.get("/admin/labelers").text)
+  invited = root.post("/admin/labelers", data={"csrf": csrf, "name": "ada.lovelace"})
+  token = re.search(r'value="http://testserver/login#token=([^"]+)"', invited.text).group(1)
+  ada = TestClient(app, base_url="http://testserver")
+  assert sign_in(ada, token).status_code == 200 and ada.get("/").url.path == "/"
+  assert root.post("/admin/labelers/ada.lovelace/revoke", data={"csrf": csrf},
+                   follow_redirects=False).status_code == 303
+  assert ada.get("/").url.path == "/login"
+  assert [r["revoked"] is not None for r in s.labelers() if r["name"] == "ada.lovelace"] == [True]

@@ -421,7 +421,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     form = await form_of(request, who)
     name = form.get("name", "").strip()
     if not store_lib.NAME.fullmatch(name):
-      return await team(request, 400, error="A name is 1-64 letters, digits or _.@-")
+      return await team(request, 400, error=store_lib.NAME_RULE)
     token = await in_thread(store.add_labeler, name, form.get("admin") == "on", token_s)
     log.info("invitation: %s invited %s%s", who["name"], name,
              " (admin)" if form.get("admin") == "on" else "")

@@ -79,8 +79,7 @@ def user(config, workdir: str) -> str:
   """task=label_user: prints and returns the new labeler's one-time sign-in link."""
   c = config.labeling
   if not store_lib.NAME.fullmatch(c.user):
-    raise ConfigError("labeling.user: give a name of 1-64 letters, digits or _.@- "
-                      f"(got {c.user!r})")
+    raise ConfigError(f"labeling.user: {store_lib.NAME_RULE} (got {c.user!r})")
   store, _ = open_store(config, workdir)
   token = store.add_labeler(c.user, bool(c.admin), 3600.0 * c.token_hours)
   # The public address, else the one the site was last served at from this database.
