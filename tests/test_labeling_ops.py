@@ -246,3 +246,39 @@ def test_a_name_with_a_dot_is_invited_and_revoked_from_the_web(tmp_path):
                    follow_redirects=False).status_code == 303
   assert ada.get("/").url.path == "/login"
   assert [r["revoked"] is not None for r in s.labelers() if r["name"] == "ada.lovelace"] == [True]
+
+
+# 4. label_user --config.labeling.revoke=NAME.
+
+def test_label_user_revokes_from_the_command_line(tmp_path, capsys):
+  config = load_config("labeling", "tiny")
+  config.labeling.update(db=str(tmp_path / "ops.db"), user="ada")
+  link = tasks.user(config, str(tmp_path))
+  s, _ = tasks.open_store(config, str(tmp_path))
+  s.add_items([pair(i) for i in range(3)])
+  app = server.create_app(s, STIENNON)
+  ada = TestClient(app, base_url="http://testserver")
+  assert sign_in(ada, link.split("#token=")[1]).status_code == 200
+  assert ada.get("/").url.path == "/"  # Holds an open assignment.
+  capsys.readouterr()
+  config.labeling.update(user="", revoke="ada")
+  said = tasks.user(config, str(tmp_path))
+  assert capsys.readouterr().out.strip() == said
+  assert said.startswith("revoked ada: sessions ended") and "their 0 labels stay" in said
+  assert ada.get("/").url.path == "/login"
+  assert s.read().execute("SELECT COUNT(*) FROM assignments").fetchone()[0] == 0
+  assert "revoked already" in tasks.user(config, str(tmp_path))
+  config.labeling.revoke = "nobody"
+  with pytest.raises(ConfigError, match=r"labeling.revoke: no labeler named 'nobody' .*ada"):
+    tasks.user(config, str(tmp_path))
+  config.labeling.user = "bob"
+  with pytest.raises(ConfigError, match="give one"):
+    tasks.user(config, str(tmp_path))
+  # A name an earlier version allowed, which no URL can hold, is revoked here.
+  s.read().execute("INSERT INTO labelers (name, is_admin, created) VALUES ('..', 0, 0)")
+  config.labeling.update(user="", revoke="..")
+  assert tasks.user(config, str(tmp_path)).startswith("revoked ..:")
+  # A new link restores access.
+  config.labeling.update(user="ada", revoke="")
+  assert sign_in(ada, tasks.user(config, str(tmp_path)).split("#token=")[1]).status_code == 200
+  assert ada.get("/").url.path == "/"

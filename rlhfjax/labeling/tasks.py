@@ -2,7 +2,8 @@
 
 - `label_load`: queue the pairs of `labeling.source` (and gold pairs of `labeling.gold_file`);
 - `label_user`: create a labeler (`labeling.user`, an admin with `labeling.admin`) and print a
-  one-time sign-in link; run it again for a new link;
+  one-time sign-in link; run it again for a new link; or, with `labeling.revoke`, revoke a
+  labeler's access;
 - `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra),
   logging every request and sign-in to stderr, one line each;
 - `label_export`: write the finished labels as comparison files for task=rm (the binary protocol's
@@ -76,8 +77,14 @@ def load(config, workdir: str) -> dict[str, int]:
 
 
 def user(config, workdir: str) -> str:
-  """task=label_user: prints and returns the new labeler's one-time sign-in link."""
+  """task=label_user: prints and returns the new labeler's one-time sign-in link; with
+  `labeling.revoke`, revokes that labeler instead (`revoke`)."""
   c = config.labeling
+  if c.get("revoke", ""):
+    if c.user:
+      raise ConfigError(f"labeling.user ({c.user!r}) and labeling.revoke ({c.revoke!r}): give one "
+                        "(a sign-in link, or a revocation)")
+    return revoke(config, workdir)
   if not store_lib.NAME.fullmatch(c.user):
     raise ConfigError(f"labeling.user: {store_lib.NAME_RULE} (got {c.user!r})")
   store, _ = open_store(config, workdir)
@@ -88,6 +95,28 @@ def user(config, workdir: str) -> str:
   role = "admin" if c.admin else "labeler"
   print(f"{role} {c.user}: sign in once within {c.token_hours:g} h at\n{link}", flush=True)
   return link
+
+
+def revoke(config, workdir: str) -> str:
+  """task=label_user with `labeling.revoke=NAME`: ends the labeler's sessions, spends their sign-in
+  link and gives back their open assignment; their labels stay. A new link (`labeling.user=NAME`)
+  restores access. Prints and returns what it did."""
+  name = config.labeling.revoke
+  store, _ = open_store(config, workdir)
+  row = store.read().execute("SELECT id, revoked FROM labelers WHERE name = ?",
+                             (name,)).fetchone()
+  if row is None:
+    known = [r["name"] for r in store.labelers()]
+    raise ConfigError(f"labeling.revoke: no labeler named {name!r} in {store.path} (labelers: "
+                      f"{', '.join(known) if known else 'none'})")
+  labels = store.read().execute("SELECT COUNT(*) FROM assignments WHERE labeler_id = ? AND done "
+                                "IS NOT NULL", (row["id"],)).fetchone()[0]
+  store.revoke(name)
+  done = (f"revoked {name}" + (" (revoked already)" if row["revoked"] is not None else "") +
+          f": sessions ended, sign-in link spent, open assignment returned to the queue; their "
+          f"{labels} labels stay. A new link restores access: --config.labeling.user={name}")
+  print(done, flush=True)
+  return done
 
 
 @contextlib.contextmanager
