@@ -282,3 +282,45 @@ def test_label_user_revokes_from_the_command_line(tmp_path, capsys):
   config.labeling.update(user="ada", revoke="")
   assert sign_in(ada, tasks.user(config, str(tmp_path)).split("#token=")[1]).status_code == 200
   assert ada.get("/").url.path == "/"
+
+
+# 5. Bidi controls shown as written.
+
+def test_bidi_controls_are_shown_as_markers_on_every_page(tmp_path):
+  every = safe_text.BIDI
+  s = make_store(tmp_path, [pair(0, a=f"good {RLO}txt.exe summary", b=f"good gnp{RLO}.exe summary"),
+                            pair(1, a=f"all {every} here", b=f"{every}")])
+  app = server.create_app(s, STIENNON)
+  # A name from before names were checked (it can no longer be given), signed in by its token.
+  s.read().execute("INSERT INTO labelers (name, is_admin, token_hash, token_expires, created) "
+                   "VALUES (?, 0, ?, ?, 0)", (f"eve{RLO}lin", store_lib.digest("tok"),
+                                              time.time() + 60))
+  eve = TestClient(app, base_url="http://testserver")
+  assert sign_in(eve, "tok").status_code == 200
+  pages = []
+  for _ in range(2):
+    html = eve.get("/").text
+    pages.append(html)
+    assert eve.post(f"/label/{assignment_of(html)}/flag",
+                    data={"csrf": form_csrf(html), "comment": f"odd {RLO}txt.exe text"}
+                    ).status_code == 200
+  root = client(app, s, "root", admin=True)
+  pages += [root.get(p).text for p in ("/admin", "/admin/labelers", "/admin/flags")]
+  for html in pages:
+    assert not set(safe_text.BIDI) & set(html), html
+  for char in every:
+    assert safe_text.marker(char) in "".join(pages), char
+  assert "good [U+202E]txt.exe summary" in "".join(pages)
+  flags = pages[-1]
+  assert "odd [U+202E]txt.exe text" in flags and "eve[U+202E]lin" in flags
+  assert "eve[U+202E]lin" in pages[-2]  # The labelers page.
+
+
+def test_the_word_diff_compares_the_text_as_shown():
+  a, b = f"the cat {RLO}sat down", "the cat sat down"
+  left, right = diff.words(a, b)
+  assert "".join(t for t, _ in left) == "the cat [U+202E]sat down"
+  assert [t for t, changed in left if changed] == ["[U+202E]sat"]
+  assert [t for t, changed in right if changed] == ["sat"]
+  assert diff.words("same", "same") == ([("same", False)], [("same", False)])
+  assert safe_text.visible(5) == 5 and safe_text.visible(None) is None

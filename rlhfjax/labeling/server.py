@@ -11,8 +11,9 @@ Security, on purpose:
 - a labeler reads and writes only their own assignments (anything else is a 404, which does not
   say whether it exists); only admins see the admin pages, and only they see other labelers'
   answers (the disagreement review);
-- templates escape everything (model text is untrusted) and the Content-Security-Policy allows
-  scripts and styles from this server only, so injected markup cannot run;
+- templates escape everything (model text is untrusted) and show each bidi control character as
+  a visible marker (`safe_text.visible`), so text reads as written; the Content-Security-Policy
+  allows scripts and styles from this server only, so injected markup cannot run;
 - failed sign-ins are limited per client address (`labeling.login_attempts_per_minute`), in
   memory, so a flood of them costs no database write; past the limit a failed attempt gets 429
   with `Retry-After`, while a valid link still signs in (another labeler behind the same address
@@ -186,7 +187,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   secure_cookie = parts.scheme == "https"
   limiter = LoginLimiter(login_per_minute)
   env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
-                           autoescape=True, undefined=jinja2.StrictUndefined)
+                           autoescape=True, undefined=jinja2.StrictUndefined,
+                           finalize=safe_text.visible)  # Bidi controls shown, not obeyed.
   env.filters["when"] = _when
   guidelines_html = guidelines_lib.render(guidelines or guidelines_lib.load(protocol.name))
   options = {field: dict(q.options) for field, q in protocol.questions()}
