@@ -4,7 +4,6 @@ the command line, and bidi control characters shown rather than obeyed."""
 
 import http.client
 import logging
-import os
 import re
 import signal
 import socket
