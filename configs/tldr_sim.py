@@ -130,13 +130,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # export_dir '': <workdir>/labeling/export; url: the site's public address ('': host:port);
   # guidelines: a Markdown file for the guidelines page ('': the protocol's own, shipped in
   # rlhfjax/labeling/guidelines/); goal: the labels each labeler is asked for, shown beside their
-  # count (0: none; their share of all labels is shown either way).
+  # count (0: none; their share of all labels is shown either way). user: task=label_user's new
+  # labeler (revoke: the one whose access it ends instead); cookie_name: the session cookie's ('':
+  # rlhfjax_session_<port>, so two sites on one host keep their sessions apart).
   c.labeling = dict(db="", protocol="stiennon", source="methods:sft,ppo", gold_file="",
                     layout="openai", labels_per_pair=3, lease_minutes=30, gold_every=10,
                     min_gold_agreement=0.6, min_gold_labels=5, valid_fraction=0.1, seed=0,
                     host="127.0.0.1", port=8080, url="", user="", admin=False, token_hours=72,
                     session_hours=12, login_attempts_per_minute=10, export_dir="",
-                    guidelines="", goal=0)
+                    guidelines="", goal=0, revoke="", cookie_name="")
 
   # Reward model: Bradley-Terry from the SFT checkpoint, one epoch; then scores are normalised so
   # that `normalize` ('reference' summaries | 'sft' samples | 'none') has mean 0 (and std 1 with

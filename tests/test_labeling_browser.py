@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import sqlite3
@@ -36,6 +37,7 @@ import pytest
 from rlhfjax.data import records
 from rlhfjax.feedback import contrast
 from rlhfjax.labeling import sources
+from rlhfjax.labeling import store as store_lib
 from rlhfjax.labeling import tasks
 from rlhfjax import main
 from rlhfjax.sources import loading
@@ -683,7 +685,15 @@ class SmallSite:
     return _config(task, self.port, source="", protocol=self.protocol, **self.labeling)
 
   def link(self, name: str) -> str:
-    token = self.store.add_labeler(name, self.admin[name], 3600.0)
+    if store_lib.NAME.fullmatch(name):
+      token = self.store.add_labeler(name, self.admin[name], 3600.0)
+    else:  # A name from before the store checked names (it refuses this one now), written directly.
+      token, now = secrets.token_urlsafe(24), time.time()
+      with self.store.write() as db:
+        db.execute("INSERT INTO labelers (name, is_admin, token_hash, token_expires, created) "
+                   "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET token_hash = "
+                   "excluded.token_hash, token_expires = excluded.token_expires",
+                   (name, self.admin[name], store_lib.digest(token), now + 3600, now))
     if self.admin[name]:  # An admin of these tests labels too.
       self.store.set_also_labels(name, True)
     return f"{self.base}/login#token={token}"
@@ -712,7 +722,7 @@ def _pair(n: int, text: str = "") -> dict:
 # Markup in model outputs and data: an element, a script, and a quote that ends an attribute.
 MARKUP = ('<img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> '
           '"><svg onload="window.__pwned=3">')
-MARKUP_NAME = 'eve"><img src=x onerror="window.__pwned=4">'  # Not a name task=label_user takes.
+MARKUP_NAME = 'eve"><img src=x onerror="window.__pwned=4">'  # An earlier version's name.
 
 
 def _check_inert(driver, where: str) -> None:

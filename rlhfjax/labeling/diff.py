@@ -2,9 +2,10 @@
 two near-identical texts differ.
 
 A word is a run of non-space characters, punctuation included (`mat.` differs from `mat`); words are
-compared exactly. Each text comes back as segments (text, changed) that join to exactly the original
-text, whitespace and newlines included. A changed run covers its words and the spaces between them,
-never the whitespace around it.
+compared exactly. Each text comes back as segments (text, changed) that join to exactly the text as
+the page shows it (the original, whitespace and newlines included, with each bidi control as its
+visible marker, `safe_text.visible`: the words compared are the words the labeler reads). A changed
+run covers its words and the spaces between them, never the whitespace around it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import re
+
+from rlhfjax.labeling import safe_text
 
 # Below this SequenceMatcher ratio (the share of words the two texts have in common) the texts are
 # unrelated, and marking nearly every word would say nothing: then no word is marked.
@@ -42,6 +45,7 @@ def words(a: str, b: str) -> tuple[Segments, Segments]:
   """`a` and `b` as segments (text, changed): a word is changed when it is outside the common word
   subsequence that `difflib.SequenceMatcher` finds; nothing is changed when the texts share less
   than `MIN_RATIO` of their words."""
+  a, b = safe_text.visible(a), safe_text.visible(b)
   lead_a, tokens_a = _split(a)
   lead_b, tokens_b = _split(b)
   matcher = difflib.SequenceMatcher(None, [w for w, _ in tokens_a], [w for w, _ in tokens_b],

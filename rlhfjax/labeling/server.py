@@ -11,8 +11,9 @@ Security, on purpose:
 - a labeler reads and writes only their own assignments (anything else is a 404, which does not
   say whether it exists); only admins see the admin pages, and only they see other labelers'
   answers (the review pages: disagreements, labels);
-- templates escape everything (model text is untrusted) and the Content-Security-Policy allows
-  scripts and styles from this server only, so injected markup cannot run;
+- templates escape everything (model text is untrusted) and show each bidi control character as
+  a visible marker (`safe_text.visible`), so text reads as written; the Content-Security-Policy
+  allows scripts and styles from this server only, so injected markup cannot run;
 - failed sign-ins are limited per client address (`labeling.login_attempts_per_minute`), in
   memory, so a flood of them costs no database write; past the limit a failed attempt gets 429
   with `Retry-After`, while a valid link still signs in (another labeler behind the same address
@@ -20,7 +21,8 @@ Security, on purpose:
   anyway).
 A label is acknowledged (HTTP 200) only after its transaction is committed. Every request is logged
 (`rlhfjax.labeling`: address, method, path without its query, status, milliseconds, labeler), and so
-are sign-ins, refusals and errors; tokens never reach a log.
+are sign-ins, flags (with their comment), refusals and errors, one line each: control characters in
+paths and users' text are escaped (`safe_text.EscapeArgs`); tokens never reach a log.
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ from rlhfjax.labeling import diff
 from rlhfjax.labeling import guidelines as guidelines_lib
 from rlhfjax.labeling import protocols
 from rlhfjax.labeling import report
+from rlhfjax.labeling import safe_text
 from rlhfjax.labeling import store as store_lib
 
 log = logging.getLogger("rlhfjax.labeling")
+log.addFilter(safe_text.EscapeArgs())  # Paths and users' text: one line each, escaped.
 
-COOKIE = "rlhfjax_session"
+COOKIE = "rlhfjax_session"  # The session cookie's default name (task=label_server: per port).
 LOGIN_COOKIE = "rlhfjax_login"  # The sign-in form's own CSRF token (double submit).
 HERE = os.path.dirname(__file__)
 HEADERS = {
@@ -75,6 +79,7 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_COMMENT = 2000  # Characters of a flag's comment.
+LOG_COMMENT = 200  # Characters of a flag's comment in the log.
 LAYOUTS = {"openai": ".jsonl", "alpaca": ".json"}  # Export layouts of pairs; one response: binary.
 SINGLE_LAYOUTS = {"binary": ".jsonl"}
 REVIEW_STATUSES = ("all", "disagreement", "flagged", "accepted")  # Filters of /admin/labels.
@@ -173,21 +178,32 @@ def _first_words(text: str, n: int = 12) -> str:
   return " ".join(words[:n]) + (" …" if len(words) > n else "")
 
 
+def cookie_names(name: str = COOKIE) -> tuple[str, str]:
+  """The session cookie's and the sign-in form's cookie's names for a site whose session cookie is
+  `name`. Cookies ignore the port: two sites on one host need names of their own, or signing in to
+  one replaces the other's session."""
+  return (COOKIE, LOGIN_COOKIE) if name == COOKIE else (name, f"{name}_login")
+
+
 def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                session_s: float = 12 * 3600, login_per_minute: int = 10,
                public_url: str = "", guidelines: str = "", token_s: float = 72 * 3600,
-               export_rules: ExportRules = ExportRules(), goal: int = 0) -> Starlette:
+               export_rules: ExportRules = ExportRules(), goal: int = 0,
+               cookie: str = COOKIE) -> Starlette:
   """The app for one labeling database. `public_url` is its address behind a proxy (its origin is
   also accepted, an https one makes the cookie Secure, and invitation links use it);
   `guidelines` is the Markdown of the guidelines page ('' : the protocol's own); `token_s` is how
   long an invitation link works; `goal` the labels each labeler is asked for (0: none; the header
-  shows each labeler's share of all labels either way)."""
+  shows each labeler's share of all labels either way); `cookie` names the session cookie
+  (`cookie_names`)."""
+  session_cookie, login_cookie = cookie_names(cookie)
   parts = urllib.parse.urlsplit(public_url)
   public_origin = f"{parts.scheme}://{parts.netloc}" if parts.netloc else ""
   secure_cookie = parts.scheme == "https"
   limiter = LoginLimiter(login_per_minute)
   env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
-                           autoescape=True, undefined=jinja2.StrictUndefined)
+                           autoescape=True, undefined=jinja2.StrictUndefined,
+                           finalize=safe_text.visible)  # Bidi controls shown, not obeyed.
   env.filters["when"] = _when
   guidelines_html = guidelines_lib.render(guidelines or guidelines_lib.load(protocol.name))
   options = {field: dict(q.options) for field, q in protocol.questions()}
@@ -201,7 +217,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     return request.client.host if request.client else "?"
 
   async def labeler(request: Request) -> sqlite3.Row | None:
-    session = request.cookies.get(COOKIE)
+    session = request.cookies.get(session_cookie)
     who = await in_thread(store.session, session) if session else None
     if who is not None:
       request.state.who = who["name"]
@@ -209,7 +225,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
 
   async def ended_by_admin(request: Request) -> bool:
     """Whether the request's session was ended by an admin revoking its labeler."""
-    session = request.cookies.get(COOKIE)
+    session = request.cookies.get(session_cookie)
     return bool(session) and await in_thread(store.ended, session) == "revoked"
 
   async def signed_in(request: Request) -> sqlite3.Row:
@@ -246,7 +262,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
   def login_form(status: int = 200, error: str = "", revoked: bool = False) -> HTMLResponse:
     csrf = secrets.token_urlsafe(16)
     response = page("login.html", status, csrf=csrf, error=error, revoked=revoked)
-    response.set_cookie(LOGIN_COOKIE, csrf, max_age=3600, httponly=True, samesite="strict",
+    response.set_cookie(login_cookie, csrf, max_age=3600, httponly=True, samesite="strict",
                         secure=secure_cookie, path="/login")
     return response
 
@@ -257,7 +273,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     ip = client_ip(request)
     check_origin(request)
     form = await request.form()
-    expected = request.cookies.get(LOGIN_COOKIE, "")
+    expected = request.cookies.get(login_cookie, "")
     if not expected or not secrets.compare_digest(str(form.get("csrf", "")).encode(),
                                                   expected.encode()):
       log.warning("sign-in refused from %s: the form expired or came from elsewhere", ip)
@@ -278,8 +294,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                              "new one).")
     log.info("sign-in: %s from %s", session[2], ip)
     response = RedirectResponse("/", 303)
-    response.delete_cookie(LOGIN_COOKIE, path="/login")
-    response.set_cookie(COOKIE, session[0], max_age=int(session_s), httponly=True,
+    response.delete_cookie(login_cookie, path="/login")
+    response.set_cookie(session_cookie, session[0], max_age=int(session_s), httponly=True,
                         samesite="strict", secure=secure_cookie)
     return response
 
@@ -287,10 +303,10 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     who = await labeler(request)
     if who is not None:
       await form_of(request, who)
-      await in_thread(store.logout, request.cookies[COOKIE])
+      await in_thread(store.logout, request.cookies[session_cookie])
       log.info("sign-out: %s", who["name"])
     response = RedirectResponse("/login", 303)
-    response.delete_cookie(COOKIE)
+    response.delete_cookie(session_cookie)
     return response
 
   def sides(row: sqlite3.Row) -> tuple[str, str]:
@@ -400,7 +416,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
                       comment[:MAX_COMMENT])
     except store_lib.NotFound:
       raise HTTPException(404, "no such assignment") from None
-    log.info("flag: %s flagged assignment %d", who["name"], request.path_params["assignment"])
+    log.info("flag: %s flagged assignment %d: %s", who["name"], request.path_params["assignment"],
+             comment[:LOG_COMMENT] + ("…" if len(comment) > LOG_COMMENT else ""))
     return RedirectResponse("/?did=flagged", 303)
 
   async def mine(request: Request) -> Response:
@@ -447,7 +464,7 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     form = await form_of(request, who)
     name = form.get("name", "").strip()
     if not store_lib.NAME.fullmatch(name):
-      return await team(request, 400, error="A name is 1-64 letters, digits or _.@-")
+      return await team(request, 400, error=store_lib.NAME_RULE)
     token = await in_thread(store.add_labeler, name, form.get("admin") == "on", token_s)
     await in_thread(store.set_also_labels, name, form.get("also_labels") == "on")
     log.info("invitation: %s invited %s%s", who["name"], name,
@@ -517,8 +534,8 @@ def create_app(store: store_lib.Store, protocol: protocols.Protocol, *,
     if exc.status_code == 303:
       return RedirectResponse(exc.headers["Location"], 303)
     if exc.status_code >= 400:
-      log.warning("refused: %s %s %d %s", request.method, request.url.path, exc.status_code,
-                  exc.detail)
+      log.warning("refused: %s %s %d %s", request.method, request.scope["path"], exc.status_code,
+                  exc.detail)  # The path as received (request.url's drops CR and LF).
     if request.url.path.startswith("/label/") and request.method == "POST" and \
         request.url.path.count("/") == 2:
       return JSONResponse({"error": exc.detail}, exc.status_code)

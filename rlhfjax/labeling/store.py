@@ -130,7 +130,11 @@ ADDED_COLUMNS = (("items", "held", "INTEGER NOT NULL DEFAULT 0"),
 REVIEW_ACTIONS = ("accept", "send_back")  # The admins' decisions on a pair (table `reviews`).
 HELD, DROPPED = 1, 2  # items.held: 0 in the queue, 1 flagged (waits for an admin), 2 removed.
 
-NAME = re.compile(r"[A-Za-z0-9_.@-]{1,64}")  # A labeler's name: no spaces, nothing to escape.
+# A labeler's name: no spaces, nothing to escape, and a letter or digit first (never "." or "..",
+# which a URL such as /admin/labelers/{name}/revoke cannot hold).
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+NAME_RULE = ("A name is 1-64 letters, digits or _.@- and starts with a letter or digit "
+             "(e.g. ada or ada.lovelace@example.org).")
 ITEM_FIELDS = ("uid", "prompt", "title", "subreddit", "input", "response_a", "response_b",
                "policy_a", "policy_b", "prompt_id", "split", "gold")
 
@@ -284,7 +288,9 @@ class Store:
   def add_labeler(self, name: str, is_admin: bool, token_s: float) -> str:
     """Creates the labeler (or keeps it, updating `is_admin`, and lifts a revocation) and returns
     a new one-time login token valid for `token_s` seconds; any earlier unused token and open
-    session stop working."""
+    session stop working. A `name` outside `NAME` is refused (ValueError)."""
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+      raise ValueError(f"labeler name {name!r}: {NAME_RULE}")
     token, now = secrets.token_urlsafe(24), time.time()
     with self.write() as db:
       db.execute(

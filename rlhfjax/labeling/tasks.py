@@ -2,9 +2,10 @@
 
 - `label_load`: queue the pairs of `labeling.source` (and gold pairs of `labeling.gold_file`);
 - `label_user`: create a labeler (`labeling.user`, an admin with `labeling.admin`) and print a
-  one-time sign-in link; run it again for a new link;
+  one-time sign-in link; run it again for a new link; or, with `labeling.revoke`, revoke a
+  labeler's access;
 - `label_server`: serve the labeling site on `labeling.host:labeling.port` (the `[label]` extra),
-  logging every request and sign-in to stderr;
+  logging every request and sign-in to stderr, one line each;
 - `label_export`: write the finished labels as comparison files for task=rm (the binary protocol's
   as binary feedback files for task=kto), and the agreement report.
 
@@ -14,11 +15,13 @@ different `labeling.protocol` later is an error, not a silent mix of answer kind
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
+import re
 import sys
-from typing import Any
+from typing import Any, Iterator, TextIO
 
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
@@ -74,11 +77,16 @@ def load(config, workdir: str) -> dict[str, int]:
 
 
 def user(config, workdir: str) -> str:
-  """task=label_user: prints and returns the new labeler's one-time sign-in link."""
+  """task=label_user: prints and returns the new labeler's one-time sign-in link; with
+  `labeling.revoke`, revokes that labeler instead (`revoke`)."""
   c = config.labeling
+  if c.get("revoke", ""):
+    if c.user:
+      raise ConfigError(f"labeling.user ({c.user!r}) and labeling.revoke ({c.revoke!r}): give one "
+                        "(a sign-in link, or a revocation)")
+    return revoke(config, workdir)
   if not store_lib.NAME.fullmatch(c.user):
-    raise ConfigError("labeling.user: give a name of 1-64 letters, digits or _.@- "
-                      f"(got {c.user!r})")
+    raise ConfigError(f"labeling.user: {store_lib.NAME_RULE} (got {c.user!r})")
   store, _ = open_store(config, workdir)
   token = store.add_labeler(c.user, bool(c.admin), 3600.0 * c.token_hours)
   # The public address, else the one the site was last served at from this database.
@@ -87,6 +95,61 @@ def user(config, workdir: str) -> str:
   role = "admin" if c.admin else "labeler"
   print(f"{role} {c.user}: sign in once within {c.token_hours:g} h at\n{link}", flush=True)
   return link
+
+
+def revoke(config, workdir: str) -> str:
+  """task=label_user with `labeling.revoke=NAME`: ends the labeler's sessions, spends their sign-in
+  link and gives back their open assignment; their labels stay. A new link (`labeling.user=NAME`)
+  restores access. Prints and returns what it did."""
+  name = config.labeling.revoke
+  store, _ = open_store(config, workdir)
+  row = store.read().execute("SELECT id, revoked FROM labelers WHERE name = ?",
+                             (name,)).fetchone()
+  if row is None:
+    known = [r["name"] for r in store.labelers()]
+    raise ConfigError(f"labeling.revoke: no labeler named {name!r} in {store.path} (labelers: "
+                      f"{', '.join(known) if known else 'none'})")
+  labels = store.read().execute("SELECT COUNT(*) FROM assignments WHERE labeler_id = ? AND done "
+                                "IS NOT NULL", (row["id"],)).fetchone()[0]
+  store.revoke(name)
+  done = (f"revoked {name}" + (" (revoked already)" if row["revoked"] is not None else "") +
+          f": sessions ended, sign-in link spent, open assignment returned to the queue; their "
+          f"{labels} labels stay. A new link restores access: --config.labeling.user={name}")
+  print(done, flush=True)
+  return done
+
+
+@contextlib.contextmanager
+def stderr_log(stream: TextIO | None = None) -> Iterator[None]:
+  """The site's log (`rlhfjax.labeling`: requests, sign-ins, refusals) on `stream` (stderr), one
+  line per event, for the block: a handler of its own, and no propagation to the root logger,
+  where absl's handler (app.run installs it) would write every event a second time. A logger
+  someone configured already is left as it is."""
+  log = logging.getLogger("rlhfjax.labeling")
+  if log.handlers:
+    yield
+    return
+  handler = logging.StreamHandler(stream or sys.stderr)
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+  level, propagate = log.level, log.propagate
+  log.addHandler(handler)
+  log.setLevel(logging.INFO)
+  log.propagate = False
+  try:
+    yield
+  finally:
+    log.removeHandler(handler)
+    log.setLevel(level)
+    log.propagate = propagate
+
+
+def cookie_name(c) -> str:
+  """The session cookie's name: `labeling.cookie_name`, else one of the port's own (cookies ignore
+  the port, so two sites on one host would otherwise sign each other's labelers out)."""
+  name = c.get("cookie_name", "") or f"rlhfjax_session_{c.port}"
+  if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+    raise ConfigError(f"labeling.cookie_name: 1-64 letters, digits, _ or - (got {name!r})")
+  return name
 
 
 def serve(config, workdir: str) -> None:
@@ -107,20 +170,15 @@ def serve(config, workdir: str) -> None:
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
       export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels),
-      goal=c.goal)
-  log = logging.getLogger("rlhfjax.labeling")
-  if not log.handlers:  # The access log and sign-in events, on stderr.
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
+      goal=c.goal, cookie=cookie_name(c))
   served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
   store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
   metrics_lib.info(f"label_server: {protocol.name} protocol, {store.path}, {c.url or served}")
   warning = staffing_warning(store)
   if warning:
     metrics_lib.info(f"label_server: {warning}")
-  uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
+  with stderr_log():  # The access log and sign-in events.
+    uvicorn.run(app, host=c.host, port=c.port, log_level="warning")
 
 
 def staffing_warning(store: store_lib.Store) -> str:
