@@ -156,3 +156,28 @@ def test_greedy_sampler_matches_generate(family):
   got = sampling.sample(params, jnp.asarray(prompts), jnp.asarray(mask), jax.random.key(0), cfg,
                         scfg)
   np.testing.assert_array_equal(np.asarray(got.tokens), want)
+
+
+def _with(params, **attn):
+  """`params` with the attention leaves `attn` names replaced by `value(old leaf)`."""
+  layers = {**params["layers"], "attn": {**params["layers"]["attn"],
+                                         **{k: f(params["layers"]["attn"][k]) for k, f in attn.items()}}}
+  return {**params, "layers": layers}
+
+
+def test_each_detail_of_the_new_families_moves_the_logits(family):
+  """The 1e-4 agreement is not loose: leaving out any one detail of Qwen3 or GPT-NeoX moves the
+  logits by far more (and the other families' details are covered by the same comparison)."""
+  name, _, _, params, cfg = family
+  ones, zeros = jnp.ones_like, jnp.zeros_like
+  variants = {
+      "qwen3": lambda: {"q/k norm scales": (_with(params, q_norm=ones, k_norm=ones), cfg)},
+      "gpt_neox": lambda: {
+          "full rotary": (params, cfg.replace(rotary_dim=0)),
+          "sequential residual": (params, cfg.replace(parallel_residual=False)),
+          "qkv biases": (_with(params, q_bias=zeros, k_bias=zeros, v_bias=zeros), cfg),
+          "dense bias": (_with(params, o_bias=zeros), cfg)},
+  }.get(name, dict)()
+  base = our_logits(params, cfg)
+  for detail, (p, c) in variants.items():
+    assert np.abs(our_logits(p, c) - base).max() > 0.05, detail
