@@ -15,6 +15,7 @@ RoPE scaling, Mistral (head_dim unlike hidden / heads), Qwen2 (q/k/v biases). to
 are test dependencies: CI installs them (.ci/run), so there these tests run, never skip.
 """
 
+import functools
 import importlib.util
 import os
 
@@ -104,9 +105,14 @@ def hf_logits(model, ids=IDS) -> np.ndarray:
     return model(torch.tensor(ids)).logits[0].numpy()
 
 
+@functools.partial(jax.jit, static_argnames="cfg")
+def _logits(params, ids, cfg):
+  return transformer.lm_logits(params, transformer.forward(params, ids, cfg)[0], cfg)
+
+
 def our_logits(params, cfg, ids=IDS) -> np.ndarray:
-  fwd = jax.jit(lambda p, x: transformer.lm_logits(p, transformer.forward(p, x, cfg)[0], cfg))
-  return np.asarray(fwd(params, jnp.asarray(ids))[0])
+  """rlhfjax's logits, compiled once per config (the tests of a family share the program)."""
+  return np.asarray(_logits(params, jnp.asarray(ids), cfg)[0])
 
 
 def test_config_json_loads_as_the_family(family):
