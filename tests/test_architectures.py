@@ -321,6 +321,23 @@ def test_qwen3_and_neox_round_trips_are_bit_exact(tmp_path, cfg):
       np.asarray(params["layers"]["attn"]["v_bias"][1, 2, 5]))
 
 
+def test_neox_head_under_either_name_and_old_buffers_load(tmp_path):
+  """The untied head as `embed_out` (published Pythia) or `lm_head` (transformers 5's name);
+  the causal-mask and inv_freq buffers of older GPT-NeoX files are not parameters."""
+  cfg = neox()
+  params = noisy(transformer.init(jax.random.key(12), cfg), 12)
+  config = hf_checkpoint._hf_config(cfg, "float32")
+  tensors = {n: np.ascontiguousarray(a) for n, a in hf_checkpoint.hf_tensors(params, cfg).items()}
+  renamed = {("lm_head.weight" if n == "embed_out.weight" else n): a for n, a in tensors.items()}
+  buffers = {f"gpt_neox.layers.{i}.attention.{b}": np.ones(s, np.float32) for i in range(L)
+             for b, s in (("bias", (1, 1, 32, 32)), ("masked_bias", ()),
+                          ("rotary_emb.inv_freq", (1,)))}
+  for name, files in (("embed_out", tensors), ("lm_head", renamed), ("old", {**tensors, **buffers})):
+    loaded, cfg2 = hf_checkpoint.load(write(tmp_path / name, config, files))
+    assert cfg2 == cfg
+    assert_same_tree(params, loaded)
+
+
 # Qwen3 writes head_dim always (Qwen3Config's default is 128), so it reads back as stated.
 @pytest.mark.parametrize("cfg", [tiny(qk_norm=True, head_dim=DH), neox()], ids=["qwen3", "gpt_neox"])
 def test_qwen3_and_neox_reward_models_round_trip(tmp_path, cfg):
