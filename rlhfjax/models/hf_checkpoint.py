@@ -354,8 +354,10 @@ def _neox_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tens
          "attn/o_bias": t("attention.dense.bias", (d,)),
          "mlp_norm/scale": t("post_attention_layernorm.weight", (d,)),
          "mlp_norm/bias": t("post_attention_layernorm.bias", (d,)),
-         "mlp/wi": t("mlp.dense_h_to_4h.weight", (f, d)).T, "mlp/bi": t("mlp.dense_h_to_4h.bias", (f,)),
-         "mlp/wo": t("mlp.dense_4h_to_h.weight", (d, f)).T, "mlp/bo": t("mlp.dense_4h_to_h.bias", (d,))}
+         "mlp/wi": t("mlp.dense_h_to_4h.weight", (f, d)).T,
+         "mlp/bi": t("mlp.dense_h_to_4h.bias", (f,)),
+         "mlp/wo": t("mlp.dense_4h_to_h.weight", (d, f)).T,
+         "mlp/bo": t("mlp.dense_4h_to_h.bias", (d,))}
   for i, name in enumerate("qkv"):
     out[f"attn/{name}"] = qkv_w[:, i].transpose(2, 0, 1)  # [d, heads, head_dim]
     out[f"attn/{name}_bias"] = qkv_b[:, i]
@@ -366,7 +368,8 @@ def _neox_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
   d, h, dh = cfg.d_model, cfg.n_heads, cfg.dim_per_head
   qkv_w = np.stack([p[f"attn/{n}"].transpose(1, 2, 0) for n in "qkv"], 1)  # [h, 3, dh, d]
   qkv_b = np.stack([p[f"attn/{n}_bias"] for n in "qkv"], 1)  # [h, 3, dh]
-  return {"input_layernorm.weight": p["attn_norm/scale"], "input_layernorm.bias": p["attn_norm/bias"],
+  return {"input_layernorm.weight": p["attn_norm/scale"],
+          "input_layernorm.bias": p["attn_norm/bias"],
           "attention.query_key_value.weight": qkv_w.reshape(3 * h * dh, d),
           "attention.query_key_value.bias": qkv_b.reshape(-1),
           "attention.dense.weight": p["attn/o"].reshape(h * dh, d).T,
