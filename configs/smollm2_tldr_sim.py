@@ -31,7 +31,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = dict(init_from="smollm2", dtype=dtype, param_dtype=dtype,
                  remat="full" if "remat" in options else "none", dropout=0.0)
   # SmolLM2's ChatML-framed TL;DR prompts of this world are 130 tokens on average (at most 156).
-  c.format = dict(prompt_len=160, response_len=48, chat=True)
+  # thinking: what a template's thinking switch gets (Qwen3's enable_thinking, with init_from a
+  # Qwen3 directory); off, the prompt closes an empty think block and the model answers directly.
+  c.format = dict(prompt_len=160, response_len=48, chat=True, thinking=False)
 
   # A pretrained model needs far fewer and gentler steps than the quickstart's from-scratch decoder.
   # These sizes take about half an hour on a 2-core CPU (docs/pretrained.md); scale them up on an

@@ -5,7 +5,8 @@
   python -m rlhfjax.main --config configs/tldr_scale.py:qwen2.5-7b --config.model.init_from=DIR ...
 
 The argument names an architecture of rlhfjax/models/architectures.py (smollm2-135m, smollm2-360m,
-smollm2-1.7b, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, qwen2.5-0.5b, qwen2.5-7b).
+smollm2-1.7b, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
+qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, pythia-1b, pythia-2.8b, pythia-6.9b).
 Random weights are enough to compile and size a run; `model.init_from` (a Hugging Face directory
 of that model) loads the real ones and its tokenizer. Mixed precision as on TPU pods: float32
 master weights and AdamW moments, bfloat16 compute, rematerialised layers, attention without the
@@ -27,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = config_file.sibling(__file__, "tldr_sim")
   c.workdir = f"runs/{name}"
   c.stages = "sft,label,rm,ppo,eval"
-  c.model = dict(architectures.ARCHITECTURES[name], init_from="", head_dim=0, dropout=0.0,
+  c.model = dict({"head_dim": 0, **architectures.ARCHITECTURES[name]}, init_from="", dropout=0.0,
                  dtype="bfloat16", param_dtype="float32", remat="full", scan_layers=True,
                  attention="chunked", attention_chunk=512)
   c.format.update(prompt_len=1536, response_len=512)

@@ -78,7 +78,8 @@ def tiny_pipeline(tmp_path_factory):
 # `--dist loadfile --no-loadscope-reorder`); starting these first keeps one of them from running
 # alone at the end while the other worker has nothing left to do.
 _LONGEST_FIRST = ("test_parallel.py", "test_compile.py", "test_methods_pipeline.py",
-                  "test_chaos.py", "test_notebooks.py", "test_labeling_browser.py")
+                  "test_chaos.py", "test_family_pipelines.py", "test_notebooks.py",
+                  "test_labeling_browser.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -1,6 +1,8 @@
 """Real model architectures: Qwen2's q/k/v biases (against the llama model and a numpy Qwen2
 written from the HF tensors, HF round trips), Llama 3.1's RoPE scaling (a hand-worked example, both
-HF config layouts), and the table of published shapes (parameter counts against the published ones).
+HF config layouts), Qwen3 and GPT-NeoX (published config.json files read as the table's shapes,
+round trips, what is refused), and the table of published shapes (parameter counts against the
+published ones). Logit parity with transformers itself: tests/test_transformers_parity.py.
 """
 # pylint: disable=protected-access  # transformer._qkv and _rope are checked directly.
 
@@ -202,6 +204,166 @@ def test_qwen2_without_its_biases_is_refused(tmp_path):
     hf_checkpoint.load(write(tmp_path, config, tensors))
 
 
+# --- Qwen3 and GPT-NeoX: their config.json files, round trips, what is refused -----------------
+
+# The published config.json of Qwen/Qwen3-0.6B (transformers 4.51's keys) and of
+# EleutherAI/pythia-1b (transformers 4's GPT-NeoX keys: rotary_pct, rotary_emb_base).
+QWEN3_06B = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False,
+             "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
+             "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+             "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+             "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28,
+             "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None,
+             "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
+             "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+             "use_sliding_window": False, "vocab_size": 151936}
+PYTHIA_1B = {"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0, "classifier_dropout": 0.1,
+             "eos_token_id": 0, "hidden_act": "gelu", "hidden_size": 2048,
+             "initializer_range": 0.02, "intermediate_size": 8192, "layer_norm_eps": 1e-05,
+             "max_position_embeddings": 2048, "model_type": "gpt_neox", "num_attention_heads": 8,
+             "num_hidden_layers": 16, "rotary_emb_base": 10000, "rotary_pct": 0.25,
+             "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True,
+             "use_parallel_residual": True, "vocab_size": 50304}
+
+
+def test_published_config_json_files_are_the_table_shapes():
+  assert hf_checkpoint.config_from_json(QWEN3_06B) == architectures.model_config("qwen3-0.6b")
+  assert hf_checkpoint.config_from_json(PYTHIA_1B) == architectures.model_config("pythia-1b")
+  # transformers 5 writes GPT-NeoX's rotary settings into rope_parameters instead.
+  neox5 = {k: v for k, v in PYTHIA_1B.items() if k not in ("rotary_pct", "rotary_emb_base")}
+  neox5["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0,
+                              "partial_rotary_factor": 0.25}
+  assert hf_checkpoint.config_from_json(neox5) == architectures.model_config("pythia-1b")
+  # Qwen3Config's head_dim is 128 when the file does not say, not hidden / heads.
+  no_head_dim = {k: v for k, v in QWEN3_06B.items() if k != "head_dim"}
+  assert hf_checkpoint.config_from_json({**no_head_dim, "hidden_size": 512}).dim_per_head == 128
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "gemma2"}, r"config\.json: model_type 'gemma2' is not supported \(llama, "
+                               r"mistral, qwen2, qwen3, gpt2, gpt_neox\)"),
+    ({"model_type": "gemma3_text"}, r"model_type 'gemma3_text' is not supported"),
+    ({"attention_bias": True}, r"config\.json: attention_bias=True is not supported \(False only"),
+    ({"use_sliding_window": True}, r"config\.json: use_sliding_window=True is not supported"),
+    ({"layer_types": ["full_attention", "sliding_attention"]},
+     r"config\.json: layer_types \['sliding_attention'\] is not supported \(full_attention only"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"rope_scaling of type 'yarn'"),
+])
+def test_unsupported_qwen3_configs_name_the_key(change, message):
+  with pytest.raises(ConfigError, match=message):
+    hf_checkpoint.config_from_json({**QWEN3_06B, **change})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_act": "gelu_new"}, r"config\.json: hidden_act='gelu_new' is not supported: rlhfjax's "
+                                 r"GPT-NeoX MLP is the exact \(erf\) GELU \('gelu' only\)"),
+    ({"attention_bias": False}, r"config\.json: attention_bias=False is not supported \(True only"),
+    ({"rotary_pct": 0.1}, r"config\.json: rotary_pct=0\.1 gives 25 rotary dimensions of a "
+                          r"256-dimensional head"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, r"rope_scaling of type 'linear'"),
+    ({"architectures": ["GPTNeoXForTokenClassification"]}, r"config\.json: architectures"),
+])
+def test_unsupported_neox_configs_name_the_key(change, message):
+  with pytest.raises(ConfigError, match=message):
+    hf_checkpoint.config_from_json({**PYTHIA_1B, **change})
+
+
+def test_the_new_switches_are_checked():
+  with pytest.raises(ConfigError, match="model.qk_norm is for the llama variant"):
+    ModelConfig(variant="neox", qk_norm=True)
+  with pytest.raises(ConfigError, match="model.rotary_dim is for the RoPE variants"):
+    ModelConfig(variant="gpt2", rotary_dim=4)
+  with pytest.raises(ConfigError, match=r"model.rotary_dim must be an even number of dimensions "
+                                        r"up to the head's 32 \(0: all\), got 5"):
+    ModelConfig(variant="neox", rotary_dim=5)
+
+
+def neox(**kwargs) -> ModelConfig:
+  return ModelConfig(**{**dict(variant="neox", vocab_size=V, d_model=D, n_layers=L, n_heads=H,
+                               n_kv_heads=H, d_ff=F, max_len=32, rotary_dim=2,
+                               parallel_residual=True, tie_embeddings=False), **kwargs})
+
+
+def noisy(params: dict, seed: int) -> dict:
+  """`params` with every leaf moved off its initial value (norm scales off 1, biases off 0)."""
+  keys = iter(jax.random.split(jax.random.key(seed), len(jax.tree.leaves(params))))
+  return jax.tree.map(lambda x: x + 0.1 * jax.random.normal(next(keys), x.shape, x.dtype), params)
+
+
+@pytest.mark.parametrize("cfg", [tiny(qk_norm=True, head_dim=12, tie_embeddings=True), neox(),
+                                 neox(parallel_residual=False, rotary_dim=0, tie_embeddings=True)],
+                         ids=["qwen3", "gpt_neox", "gpt_neox_sequential_tied"])
+def test_qwen3_and_neox_round_trips_are_bit_exact(tmp_path, cfg):
+  params = noisy(transformer.init(jax.random.key(10), cfg), 10)
+  path = hf_checkpoint.save(params, cfg, str(tmp_path / "ckpt"))
+  loaded, cfg2 = hf_checkpoint.load(path)
+  assert cfg2 == cfg
+  assert_same_tree(params, loaded)
+  names = load_file(os.path.join(path, "model.safetensors"))
+  config = json.load(open(os.path.join(path, "config.json")))
+  if cfg.variant == "llama":
+    assert (config["model_type"], config["head_dim"]) == ("qwen3", 12)
+    np.testing.assert_array_equal(names["model.layers.1.self_attn.k_norm.weight"],
+                                  np.asarray(params["layers"]["attn"]["k_norm"][1]))
+    return
+  assert config["model_type"] == "gpt_neox" and config["hidden_act"] == "gelu"
+  assert config["use_parallel_residual"] is cfg.parallel_residual
+  assert int(DH * config["rotary_pct"]) == cfg.rotary_dims
+  assert ("embed_out.weight" in names) is not cfg.tie_embeddings
+  # query_key_value's output rows are [heads, (q, k, v), head_dim]: row 3 * DH + DH + 2 is head 1's
+  # k, dimension 2.
+  qkv = names["gpt_neox.layers.0.attention.query_key_value.weight"]
+  assert qkv.shape == (3 * D, D)
+  np.testing.assert_array_equal(qkv[3 * DH + DH + 2],
+                                np.asarray(params["layers"]["attn"]["k"][0, :, 1, 2]))
+  np.testing.assert_array_equal(
+      names["gpt_neox.layers.1.attention.query_key_value.bias"][2 * 3 * DH + 2 * DH + 5],
+      np.asarray(params["layers"]["attn"]["v_bias"][1, 2, 5]))
+
+
+def test_neox_head_under_either_name_and_old_buffers_load(tmp_path):
+  """The untied head as `embed_out` (published Pythia) or `lm_head` (transformers 5's name);
+  the causal-mask and inv_freq buffers of older GPT-NeoX files are not parameters."""
+  cfg = neox()
+  params = noisy(transformer.init(jax.random.key(12), cfg), 12)
+  config = hf_checkpoint._hf_config(cfg, "float32")
+  tensors = {n: np.ascontiguousarray(a) for n, a in hf_checkpoint.hf_tensors(params, cfg).items()}
+  renamed = {("lm_head.weight" if n == "embed_out.weight" else n): a for n, a in tensors.items()}
+  buffers = {f"gpt_neox.layers.{i}.attention.{b}": np.ones(s, np.float32) for i in range(L)
+             for b, s in (("bias", (1, 1, 32, 32)), ("masked_bias", ()),
+                          ("rotary_emb.inv_freq", (1,)))}
+  for name, files in (("embed_out", tensors), ("lm_head", renamed), ("old", {**tensors, **buffers})):
+    loaded, cfg2 = hf_checkpoint.load(write(tmp_path / name, config, files))
+    assert cfg2 == cfg
+    assert_same_tree(params, loaded)
+
+
+# Qwen3 writes head_dim always (Qwen3Config's default is 128), so it reads back as stated.
+@pytest.mark.parametrize("cfg", [tiny(qk_norm=True, head_dim=DH), neox()], ids=["qwen3", "gpt_neox"])
+def test_qwen3_and_neox_reward_models_round_trip(tmp_path, cfg):
+  params = {"backbone": noisy(transformer.init(jax.random.key(11), cfg), 11),
+            "head": {"kernel": jnp.arange(D, dtype=jnp.float32) / D,
+                     "bias": jnp.asarray(0.5, jnp.float32)}}
+  path = hf_checkpoint.save(params, cfg, str(tmp_path / "rm"), reward_pad_id=0)
+  want = "Qwen3" if cfg.qk_norm else "GPTNeoX"
+  assert json.load(open(os.path.join(path, "config.json")))["architectures"] == [
+      f"{want}ForSequenceClassification"]
+  loaded, cfg2 = hf_checkpoint.load(path, reward=True)
+  assert cfg2 == cfg
+  assert_same_tree(params, loaded)
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (tiny(parallel_residual=True), r"model\.parallel_residual has no Hugging Face layout in LLaMA"),
+    (tiny(rotary_dim=4), r"model\.rotary_dim has no Hugging Face layout"),
+    (tiny(qk_norm=True, qkv_bias=True), r"model\.qk_norm with model\.qkv_bias has no Hugging Face"),
+    (neox(n_kv_heads=2), r"GPT-NeoX checkpoints need model\.n_kv_heads == model\.n_heads"),
+])
+def test_switches_without_a_transformers_family_are_not_exported(tmp_path, cfg, message):
+  with pytest.raises(ConfigError, match=message):
+    hf_checkpoint.save(transformer.init(jax.random.key(0), cfg), cfg, str(tmp_path / "x"))
+
+
 # --- Llama 3.1's RoPE scaling ----------------------------------------------------------------
 
 def test_llama3_rope_frequencies_by_hand():
@@ -303,20 +465,36 @@ def test_unsupported_rope_configs_are_refused(change, message):
 # Published parameter counts (model cards / safetensors metadata).
 PUBLISHED = {"smollm2-135m": 134.5e6, "smollm2-360m": 361.8e6, "smollm2-1.7b": 1.711e9,
              "llama3.2-1b": 1.236e9, "llama3.2-3b": 3.213e9, "llama3.1-8b": 8.03e9,
-             "llama3.1-70b": 70.55e9, "qwen2.5-0.5b": 0.494e9, "qwen2.5-7b": 7.616e9}
+             "llama3.1-70b": 70.55e9, "qwen2.5-0.5b": 0.494e9, "qwen2.5-7b": 7.616e9,
+             # The Pythia model cards' exact totals.
+             "pythia-1b": 1_011_781_632, "pythia-2.8b": 2_775_208_960,
+             "pythia-6.9b": 6_857_302_016}
+# Published counts without the embeddings (input and, if untied, output): the Qwen3 model cards'
+# (rounded: 0.44B, 1.4B, 3.6B, 6.95B; their totals are rounded to a tenth), the Pythia cards' exact.
+NON_EMBEDDING = {"qwen3-0.6b": 0.44e9, "qwen3-1.7b": 1.4e9, "qwen3-4b": 3.6e9,
+                 "qwen3-8b": 6.95e9, "pythia-1b": 805_736_448, "pythia-2.8b": 2_517_652_480,
+                 "pythia-6.9b": 6_444_163_072}
 
 
 def test_the_table_covers_the_published_counts():
-  assert sorted(architectures.ARCHITECTURES) == sorted(PUBLISHED)
+  assert sorted(architectures.ARCHITECTURES) == sorted(set(PUBLISHED) | set(NON_EMBEDDING))
 
 
-@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("name", sorted(set(PUBLISHED) | set(NON_EMBEDDING)))
 def test_parameter_count_matches_the_published_one(name):
   cfg = architectures.model_config(name)
   shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))  # Nothing allocated.
   count = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
-  assert count == pytest.approx(PUBLISHED[name], rel=0.01)
-  assert cfg.qkv_bias == name.startswith("qwen")
+  exact = name.startswith("pythia")
+  if name in PUBLISHED:
+    assert count == (PUBLISHED[name] if exact else pytest.approx(PUBLISHED[name], rel=0.01))
+  if name in NON_EMBEDDING:
+    embeddings = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+    assert count - embeddings == (NON_EMBEDDING[name] if exact else
+                                  pytest.approx(NON_EMBEDDING[name], rel=0.01))
+  assert cfg.qkv_bias == name.startswith("qwen2")
+  assert cfg.qk_norm == name.startswith("qwen3")
+  assert (cfg.variant == "neox") == cfg.parallel_residual == exact
   assert (cfg.rope_scaling_factor != 1) == name.startswith("llama")
 
 

@@ -9,7 +9,13 @@ Built with Hugging Face's `tokenizers` library, from either of two sources:
 The chat template stored with an instruct model is rendered with Jinja2, as transformers does.
 
 rlhfjax needs a pad id distinct from eos (a response that ended must differ from padding): when the
-model pads with eos, as SmolLM2 does, padding uses the unknown/end-of-text token instead.
+model pads with eos, as SmolLM2 does, padding uses the unknown/end-of-text token instead, and where
+that is eos too (Pythia's `<|endoftext|>` is bos, eos and unk) a special token named for padding
+(Pythia's `<|padding|>`).
+
+Templates with a thinking switch (Qwen3's reads `enable_thinking`) render with thinking off unless
+`thinking=True`: the prompt then ends with an empty `<think></think>` block and the model answers
+directly, as an RLHF policy's response should.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ class PretrainedTokenizer:
   `chat=True` makes `prompt_text` wrap a prompt as a user turn of the chat template.
   """
 
-  def __init__(self, meta: dict[str, Any], chat: bool = False):
+  def __init__(self, meta: dict[str, Any], chat: bool = False, thinking: bool = False):
     """From a GGUF file's metadata."""
     tk = _tokenizers()
     if meta.get("tokenizer.ggml.model") != "gpt2":
@@ -57,16 +63,21 @@ class PretrainedTokenizer:
                 pad_id=int(meta.get("tokenizer.ggml.padding_token_id", eos)),
                 unk_id=int(meta.get("tokenizer.ggml.unknown_token_id", 0)),
                 chat_template=meta.get("tokenizer.chat_template", ""), vocab_size=len(tokens),
-                chat=chat)
+                chat=chat, thinking=thinking)
 
   def _setup(self, tok, *, eos_id: int, bos_id: int, pad_id: int | None, unk_id: int | None,
-             chat_template: str, vocab_size: int, chat: bool) -> None:
-    """The state both sources share; pad falls back to unk when it is missing or eos."""
+             chat_template: str, vocab_size: int, chat: bool, thinking: bool = False) -> None:
+    """The state both sources share; pad falls back to unk when it is missing or eos, then to a
+    special token named for padding."""
     self._tok = tok
     self.eos_id, self.bos_id = eos_id, bos_id
-    self.pad_id = unk_id if pad_id is None or pad_id == eos_id else pad_id
-    if self.pad_id is None or self.pad_id == self.eos_id:
+    padding = sorted(i for i, t in tok.get_added_tokens_decoder().items()
+                     if t.special and "pad" in t.content.lower())
+    self.pad_id = next((i for i in (pad_id, unk_id, *padding) if i is not None and i != eos_id),
+                       None)
+    if self.pad_id is None:
       raise ConfigError("the tokenizer has no pad id distinct from eos")
+    self.thinking = thinking
     self.chat_template = chat_template or ""
     self.vocab_size = vocab_size
     if chat and not self.chat_template:
@@ -103,11 +114,14 @@ class PretrainedTokenizer:
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # As transformers renders.
     return env.from_string(self.chat_template).render(
         messages=list(messages), add_generation_prompt=add_generation_prompt,
-        bos_token=self._tok.id_to_token(self.bos_id), eos_token=self._tok.id_to_token(self.eos_id))
+        enable_thinking=self.thinking, bos_token=self._tok.id_to_token(self.bos_id),
+        eos_token=self._tok.id_to_token(self.eos_id))
 
 
-def from_directory(directory: str, chat: bool = False) -> PretrainedTokenizer:
-  """The tokenizer of a Hugging Face model directory (`tokenizer.json`, `tokenizer_config.json`)."""
+def from_directory(directory: str, chat: bool = False, thinking: bool = False
+                   ) -> PretrainedTokenizer:
+  """The tokenizer of a Hugging Face model directory (`tokenizer.json`, `tokenizer_config.json`);
+  `thinking` is what a template's `enable_thinking` switch gets (Qwen3's)."""
   tk = _tokenizers()
   tok_path = os.path.join(directory, "tokenizer.json")
   config_path = os.path.join(directory, "tokenizer_config.json")
@@ -138,7 +152,7 @@ def from_directory(directory: str, chat: bool = False) -> PretrainedTokenizer:
   out._setup(  # pylint: disable=protected-access
       tok, eos_id=eos, bos_id=eos if bos is None else bos, pad_id=token_id("pad_token"),
       unk_id=token_id("unk_token"), chat_template=_chat_template(config, config_path, directory),
-      vocab_size=tok.get_vocab_size(with_added_tokens=True), chat=chat)
+      vocab_size=tok.get_vocab_size(with_added_tokens=True), chat=chat, thinking=thinking)
   return out
 
 

@@ -21,6 +21,14 @@ _SMOLLM2 = {"variant": "llama", "vocab_size": 49152, "max_len": 8192, "tie_embed
 _LLAMA3 = {"variant": "llama", "vocab_size": 128256, "max_len": 131072, "norm_eps": 1e-5,
            **_LLAMA3_ROPE}
 _QWEN25 = {"variant": "llama", "norm_eps": 1e-6, "rope_theta": 1000000.0, "qkv_bias": True}
+# Qwen3 (the post-trained Qwen/Qwen3-* releases; the -Base models have max_position_embeddings
+# 32768): per-head q/k RMSNorm, head_dim 128 whatever the width, no biases.
+_QWEN3 = {"variant": "llama", "vocab_size": 151936, "norm_eps": 1e-6, "rope_theta": 1000000.0,
+          "qk_norm": True, "head_dim": 128, "n_kv_heads": 8, "max_len": 40960}
+# Pythia (GPT-NeoX): RoPE on a quarter of each head (rotary_pct 0.25), parallel residual, an untied
+# embed_out; n_kv_heads equals n_heads.
+_PYTHIA = {"variant": "neox", "max_len": 2048, "norm_eps": 1e-5, "rope_theta": 10000.0,
+           "parallel_residual": True, "tie_embeddings": False}
 
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "smollm2-135m": {**_SMOLLM2, "d_model": 576, "n_layers": 30, "n_heads": 9, "n_kv_heads": 3,
@@ -43,6 +51,20 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen2.5-7b": {**_QWEN25, "vocab_size": 152064, "d_model": 3584, "n_layers": 28,
                    "n_heads": 28, "n_kv_heads": 4, "d_ff": 18944, "max_len": 131072,
                    "tie_embeddings": False},
+    "qwen3-0.6b": {**_QWEN3, "d_model": 1024, "n_layers": 28, "n_heads": 16, "d_ff": 3072,
+                   "tie_embeddings": True},
+    "qwen3-1.7b": {**_QWEN3, "d_model": 2048, "n_layers": 28, "n_heads": 16, "d_ff": 6144,
+                   "tie_embeddings": True},
+    "qwen3-4b": {**_QWEN3, "d_model": 2560, "n_layers": 36, "n_heads": 32, "d_ff": 9728,
+                 "tie_embeddings": True},
+    "qwen3-8b": {**_QWEN3, "d_model": 4096, "n_layers": 36, "n_heads": 32, "d_ff": 12288,
+                 "tie_embeddings": False},
+    "pythia-1b": {**_PYTHIA, "vocab_size": 50304, "d_model": 2048, "n_layers": 16, "n_heads": 8,
+                  "n_kv_heads": 8, "d_ff": 8192, "rotary_dim": 64},
+    "pythia-2.8b": {**_PYTHIA, "vocab_size": 50304, "d_model": 2560, "n_layers": 32, "n_heads": 32,
+                    "n_kv_heads": 32, "d_ff": 10240, "rotary_dim": 20},
+    "pythia-6.9b": {**_PYTHIA, "vocab_size": 50432, "d_model": 4096, "n_layers": 32, "n_heads": 32,
+                    "n_kv_heads": 32, "d_ff": 16384, "rotary_dim": 32},
 }
 
 

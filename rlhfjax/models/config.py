@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from rlhfjax.errors import ConfigError
 
-VARIANTS = ("gpt2", "llama")
+VARIANTS = ("gpt2", "llama", "neox")
 # Rematerialisation in the backward pass (models/transformer.py `checkpointed`): keep every
 # activation, recompute each layer from its input, keep the outputs of the projection and MLP
 # matmuls, or offload those to pinned host memory.
@@ -21,7 +21,9 @@ class ModelConfig:
 
   `variant="gpt2"`: learned positions, LayerNorm, GELU MLP, biases, tied embeddings.
   `variant="llama"`: RoPE, RMSNorm, SwiGLU MLP, grouped-query attention, no biases (but q, k, v
-  biases with `qkv_bias`, as in Qwen2).
+  biases with `qkv_bias`, as in Qwen2; RMSNorm of each head's q and k with `qk_norm`, as in Qwen3).
+  `variant="neox"`: GPT-NeoX (Pythia): RoPE, LayerNorm with biases, exact (erf) GELU MLP, biases on
+  every projection; usually with `parallel_residual` and a partial `rotary_dim`.
   """
 
   variant: str = "gpt2"
@@ -37,6 +39,12 @@ class ModelConfig:
   norm_eps: float = 1e-5
   rope_theta: float = 10000.0
   qkv_bias: bool = False  # llama only: biases on the q, k, v projections (Qwen2).
+  qk_norm: bool = False  # llama only: RMSNorm of each head's q and k before RoPE (Qwen3).
+  # RoPE on each head's first `rotary_dim` dimensions only (GPT-NeoX's rotary_pct); 0: all of them.
+  rotary_dim: int = 0
+  # x + attn(norm1(x)) + mlp(norm2(x)) in one step (GPT-NeoX's use_parallel_residual), instead of
+  # the MLP reading x + attn(norm1(x)).
+  parallel_residual: bool = False
   # Llama 3.1's RoPE scaling ("rope_type": "llama3"); factor 1 means none. Wavelengths above
   # original_max_len / low_freq_factor are stretched by the factor, those below
   # original_max_len / high_freq_factor kept, those between interpolated.
@@ -83,7 +91,16 @@ class ModelConfig:
     if self.attention_chunk < 1:
       raise ConfigError(f"model.attention_chunk must be positive, got {self.attention_chunk}")
     if self.qkv_bias and self.variant != "llama":
-      raise ConfigError("model.qkv_bias is for the llama variant (gpt2 always has its biases)")
+      raise ConfigError("model.qkv_bias is for the llama variant (gpt2 and neox always have their "
+                        "biases)")
+    if self.qk_norm and self.variant != "llama":
+      raise ConfigError(f"model.qk_norm is for the llama variant, not {self.variant!r}")
+    if self.rotary_dim and self.variant == "gpt2":
+      raise ConfigError("model.rotary_dim is for the RoPE variants (llama, neox); gpt2 has learned "
+                        "positions")
+    if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.dim_per_head:
+      raise ConfigError(f"model.rotary_dim must be an even number of dimensions up to the head's "
+                        f"{self.dim_per_head} (0: all), got {self.rotary_dim}")
     if self.rope_scaling_factor != 1 and not self.rope_low_freq_factor < self.rope_high_freq_factor:
       raise ConfigError(f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) must be below "
                         f"model.rope_high_freq_factor ({self.rope_high_freq_factor})")
@@ -91,6 +108,21 @@ class ModelConfig:
   @property
   def dim_per_head(self) -> int:
     return self.head_dim or self.d_model // self.n_heads
+
+  @property
+  def rotary_dims(self) -> int:
+    """How many of each head's dimensions RoPE rotates (the first ones)."""
+    return self.rotary_dim or self.dim_per_head
+
+  @property
+  def layer_norm(self) -> bool:
+    """LayerNorm with biases (gpt2, neox) rather than RMSNorm (llama)."""
+    return self.variant in ("gpt2", "neox")
+
+  @property
+  def biases(self) -> bool:
+    """Biases on every projection and norm (gpt2, neox)."""
+    return self.variant in ("gpt2", "neox")
 
   @classmethod
   def from_mapping(cls, mapping: Mapping[str, Any]) -> "ModelConfig":

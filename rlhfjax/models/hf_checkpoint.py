@@ -2,8 +2,8 @@
 
 `load(directory)` reads `model.safetensors`, or the shards that `model.safetensors.index.json`
 lists, with the architecture taken from `config.json` alone; `save(params, cfg, directory)` writes
-both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausalLM` or
-`GPT2LMHeadModel`. Supported:
+both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM`, `GPTNeoXForCausalLM` or `GPT2LMHeadModel`. Supported:
 
 - LLaMA family (`model_type` llama, mistral without a sliding window, or qwen2 without one):
   `model.embed_tokens`, `model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
@@ -12,6 +12,18 @@ both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausa
   does, so q and k load unpermuted (only GGUF files need `import_gguf.unpermute`). Qwen2 is LLaMA
   with `self_attn.{q,k,v}_proj.bias` (ModelConfig.qkv_bias; a model with it exports as qwen2).
   RoPE is plain or Llama 3.1's scaling (`rope_type` llama3); other scalings are refused.
+  Qwen3 is LLaMA with `self_attn.{q,k}_norm.weight`, an RMSNorm of each head's q and k before RoPE
+  (ModelConfig.qk_norm; a model with it exports as qwen3), no biases, and `head_dim` from the config
+  (transformers' default 128 when absent).
+- GPT-NeoX / Pythia (`GPTNeoXForCausalLM`): `gpt_neox.embed_in`, `gpt_neox.layers.N.{
+  input_layernorm, post_attention_layernorm, attention.query_key_value, attention.dense,
+  mlp.dense_h_to_4h, mlp.dense_4h_to_h}` (weights [out, in], all with biases, LayerNorms too),
+  `gpt_neox.final_layer_norm`, and the untied head `embed_out` (transformers 5 calls it `lm_head`;
+  both load, `embed_out` is written). `query_key_value` is fused per head: its output rows are
+  [n_heads, 3 (q, k, v), head_dim]. RoPE covers each head's first `rotary_pct` of dimensions
+  (ModelConfig.rotary_dim) with base `rotary_emb_base` (or transformers 5's `rope_parameters`);
+  `use_parallel_residual` is ModelConfig.parallel_residual; the MLP's `hidden_act` must be the exact
+  GELU ("gelu").
 - GPT-2 (`GPT2LMHeadModel`, names with or without the `transformer.` prefix): `wte`, `wpe`,
   `h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}`, `ln_f`. These are Conv1D
   layers, whose weights are [in, out]; `c_attn` holds q, k and v side by side. rlhfjax's GPT-2 MLP
@@ -46,21 +58,30 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 
 LLAMA_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-               "qwen2": "Qwen2ForCausalLM"}
+               "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 GPT2_CLASS = "GPT2LMHeadModel"
+NEOX_CLASS = "GPTNeoXForCausalLM"
+NEOX_HEAD = "embed_out.weight"  # GPT-NeoX's untied head as published (transformers 5: lm_head).
+# Every model_type `load` reads, in the order errors list them.
+SUPPORTED = (*LLAMA_TYPES, "gpt2", "gpt_neox")
 # Reward models (`save(..., reward_pad_id=...)`): the decoder plus a one-label `score` layer.
 REWARD_CLASSES = {"llama": "LlamaForSequenceClassification",
+                  "mistral": "MistralForSequenceClassification",
                   "qwen2": "Qwen2ForSequenceClassification",
-                  "gpt2": "GPT2ForSequenceClassification"}
+                  "qwen3": "Qwen3ForSequenceClassification",
+                  "gpt2": "GPT2ForSequenceClassification",
+                  "gpt_neox": "GPTNeoXForSequenceClassification"}
 # The keys of a `rope_type: llama3` scaling block, and the ModelConfig field each sets.
 LLAMA3_ROPE = {"factor": "rope_scaling_factor", "low_freq_factor": "rope_low_freq_factor",
                "high_freq_factor": "rope_high_freq_factor",
                "original_max_position_embeddings": "rope_original_max_len"}
 # transformers' activations computing 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 TANH_GELUS = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_accurate")
-# Buffers some checkpoints carry that are not parameters: GPT-2's causal mask, old LLaMA inv_freq.
+# Buffers some checkpoints carry that are not parameters: GPT-2's and GPT-NeoX's causal masks, old
+# LLaMA and GPT-NeoX inv_freq.
 _BUFFERS = re.compile(r"(transformer\.)?h\.\d+\.attn\.(bias|masked_bias)"
-                      r"|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+                      r"|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"
+                      r"|gpt_neox\.layers\.\d+\.attention\.(bias|masked_bias|rotary_emb\.inv_freq)")
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16),
           "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
@@ -86,10 +107,12 @@ def _key(config: dict[str, Any], path: str, key: str, default: Any = ...) -> Any
   return default
 
 
-def _rope_settings(config: dict[str, Any], path: str) -> dict[str, Any]:
-  """ModelConfig's RoPE fields: the base, and Llama 3.1's scaling (`rope_type` llama3) if set;
-  other scalings (linear, dynamic, yarn, ...) are refused."""
-  out = {"rope_theta": float(_key(config, path, "rope_theta", 10000.0))}
+def _rope_settings(config: dict[str, Any], path: str, theta_key: str = "rope_theta"
+                   ) -> dict[str, Any]:
+  """ModelConfig's RoPE fields: the base (`theta_key`, or `rope_theta` of transformers 5's
+  `rope_parameters`), and Llama 3.1's scaling (`rope_type` llama3) if set; other scalings (linear,
+  dynamic, yarn, ...) are refused."""
+  out = {"rope_theta": float(_key(config, path, theta_key, 10000.0))}
   for key in ("rope_scaling", "rope_parameters"):  # The latter: transformers 5's config layout.
     rope = config.get(key) or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
@@ -116,45 +139,92 @@ def config_from_json(config: dict[str, Any], path: str = CONFIG,
                      dtype: str = "float32") -> ModelConfig:
   """The ModelConfig a parsed `config.json` describes (`path` names it in errors)."""
   model_type = config.get("model_type")
-  if model_type in LLAMA_TYPES:
-    allowed = (*LLAMA_TYPES.values(), REWARD_CLASSES["llama"], REWARD_CLASSES["qwen2"])
-    variant = "llama"
-  elif model_type == "gpt2":
-    allowed, variant = (GPT2_CLASS, REWARD_CLASSES["gpt2"]), "gpt2"
-  else:
+  if model_type not in SUPPORTED:
     raise ConfigError(f"{path}: model_type {model_type!r} is not supported "
-                      f"({', '.join(list(LLAMA_TYPES) + ['gpt2'])})")
+                      f"({', '.join(SUPPORTED)})")
+  if model_type in LLAMA_TYPES:  # The LLaMA family reads any of its classes.
+    allowed = (*LLAMA_TYPES.values(), *(REWARD_CLASSES[t] for t in LLAMA_TYPES))
+  else:
+    allowed = ({"gpt2": GPT2_CLASS, "gpt_neox": NEOX_CLASS}[model_type], REWARD_CLASSES[model_type])
   archs = config.get("architectures") or list(allowed[:1])
   if not set(archs) & set(allowed):
     raise ConfigError(f"{path}: architectures {archs} has no model rlhfjax reads ({allowed})")
-  if variant == "llama":
+  if model_type in LLAMA_TYPES:
     return _llama_config(config, path, dtype)
+  if model_type == "gpt_neox":
+    return _neox_config(config, path, dtype)
   return _gpt2_config(config, path, dtype)
 
 
-def _llama_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
-  """LLaMA, Mistral or Qwen2 (whose q, k and v projections always have biases, o and the MLP
-  none, and whose `sliding_window` applies only with `use_sliding_window`)."""
-  get = lambda key, default=...: _key(config, path, key, default)
-  qwen2 = config["model_type"] == "qwen2"
-  fixed = {"hidden_act": "silu", **({"use_sliding_window": False} if qwen2 else
-                                    {"attention_bias": False, "mlp_bias": False})}
+def _refuse_others(config: dict[str, Any], path: str, fixed: dict[str, Any]) -> None:
+  """Each key of `fixed` must be absent or hold its one supported value."""
   for key, want in fixed.items():
-    if get(key, want) != want:
+    if _key(config, path, key, want) != want:
       raise ConfigError(f"{path}: {key}={config[key]!r} is not supported ({want!r} only)")
+
+
+def _llama_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
+  """LLaMA, Mistral, Qwen2 (whose q, k and v projections always have biases, o and the MLP
+  none, and whose `sliding_window` applies only with `use_sliding_window`) or Qwen3 (no biases
+  but per-head q/k RMSNorm, `head_dim` 128 unless set, sliding window as Qwen2's)."""
+  get = lambda key, default=...: _key(config, path, key, default)
+  model_type = config["model_type"]
+  qwen = model_type in ("qwen2", "qwen3")
+  fixed = {"hidden_act": "silu", **({"use_sliding_window": False} if qwen else {}),
+           **({"attention_bias": False} if model_type != "qwen2" else {}),
+           **({"mlp_bias": False} if not qwen else {})}
+  _refuse_others(config, path, fixed)
   max_len = int(get("max_position_embeddings"))
-  window = None if qwen2 else config.get("sliding_window")
+  window = None if qwen else config.get("sliding_window")
   if window is not None and int(window) < max_len:
     raise ConfigError(f"{path}: sliding_window={window} is not supported (full attention only)")
+  kinds = sorted(set(config.get("layer_types") or ["full_attention"]) - {"full_attention"})
+  if kinds:
+    raise ConfigError(f"{path}: layer_types {kinds} is not supported (full_attention only)")
   d, h = int(get("hidden_size")), int(get("num_attention_heads"))
   return ModelConfig(
       variant="llama", vocab_size=int(get("vocab_size")), d_model=d,
       n_layers=int(get("num_hidden_layers")), n_heads=h,
       n_kv_heads=int(get("num_key_value_heads", h)),
-      d_ff=int(get("intermediate_size")), max_len=max_len, head_dim=int(get("head_dim", 0)),
+      d_ff=int(get("intermediate_size")), max_len=max_len,
+      head_dim=int(get("head_dim", 128 if model_type == "qwen3" else 0)),  # Qwen3Config's default.
       tie_embeddings=bool(get("tie_word_embeddings", False)),  # LlamaConfig's default.
-      norm_eps=float(get("rms_norm_eps", 1e-6)), qkv_bias=qwen2, **_rope_settings(config, path),
-      dtype=dtype, param_dtype=dtype)
+      norm_eps=float(get("rms_norm_eps", 1e-6)), qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3", **_rope_settings(config, path), dtype=dtype,
+      param_dtype=dtype)
+
+
+def _neox_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
+  """GPT-NeoX / Pythia, in transformers 4's keys (`rotary_pct`, `rotary_emb_base`) or 5's
+  (`rope_parameters` with `partial_rotary_factor` and `rope_theta`)."""
+  get = lambda key, default=...: _key(config, path, key, default)
+  act = get("hidden_act", "gelu")
+  if act != "gelu":
+    raise ConfigError(f"{path}: hidden_act={act!r} is not supported: rlhfjax's GPT-NeoX MLP is the "
+                      "exact (erf) GELU ('gelu' only)")
+  _refuse_others(config, path, {"attention_bias": True})
+  rope = _rope_settings(config, path, theta_key="rotary_emb_base")
+  if "rope_scaling_factor" in rope:
+    raise ConfigError(f"{path}: rope scaling is not supported for gpt_neox (plain RoPE only)")
+  if config.get("rope_theta") is not None and not (config.get("rope_parameters") or {}):
+    rope["rope_theta"] = float(config["rope_theta"])
+  fraction = (config.get("rope_parameters") or {}).get("partial_rotary_factor")
+  if fraction is None:
+    fraction = config.get("partial_rotary_factor", get("rotary_pct", 0.25))
+  d, h = int(get("hidden_size")), int(get("num_attention_heads"))
+  dh = d // h
+  rotary = int(dh * float(fraction))  # As transformers computes it.
+  if rotary % 2 or not 0 < rotary <= dh:
+    raise ConfigError(f"{path}: rotary_pct={fraction} gives {rotary} rotary dimensions of a "
+                      f"{dh}-dimensional head; an even number from 2 to {dh} is supported")
+  return ModelConfig(
+      variant="neox", vocab_size=int(get("vocab_size")), d_model=d,
+      n_layers=int(get("num_hidden_layers")), n_heads=h, n_kv_heads=h,
+      d_ff=int(get("intermediate_size")), max_len=int(get("max_position_embeddings")),
+      tie_embeddings=bool(get("tie_word_embeddings", False)),  # GPTNeoXConfig's default.
+      norm_eps=float(get("layer_norm_eps", 1e-5)), rotary_dim=0 if rotary == dh else rotary,
+      parallel_residual=bool(get("use_parallel_residual", True)), dtype=dtype, param_dtype=dtype,
+      **rope)
 
 
 def _gpt2_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
@@ -175,10 +245,21 @@ def _gpt2_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
 
 
 def _model_type(cfg: ModelConfig) -> str:
-  """The HF `model_type` `cfg` exports as: HF's LLaMA has no q/k/v-only biases, Qwen2 does."""
+  """The HF `model_type` `cfg` exports as: HF's LLaMA has no q/k/v-only biases, Qwen2 does,
+  Qwen3 has q/k norms."""
   if cfg.variant == "llama":
-    return "qwen2" if cfg.qkv_bias else "llama"
-  return "gpt2"
+    return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
+  return "gpt_neox" if cfg.variant == "neox" else "gpt2"
+
+
+def _rotary_pct(cfg: ModelConfig) -> float:
+  """GPT-NeoX's `rotary_pct` for `cfg.rotary_dim`, one that transformers turns back into exactly
+  that many dimensions (int(head_dim * rotary_pct))."""
+  dh, rot = cfg.dim_per_head, cfg.rotary_dims
+  for pct in (rot / dh, (rot + 0.5) / dh):
+    if int(dh * pct) == rot:
+      return pct
+  raise ConfigError(f"model.rotary_dim={rot} has no rotary_pct of a {dh}-dimensional head")
 
 
 def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
@@ -194,12 +275,23 @@ def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
            "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
            "rope_theta": cfg.rope_theta, "rope_scaling": scaling, "hidden_act": "silu",
            "attention_dropout": 0.0}
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "qwen3"):
       out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.n_layers)
-    else:
-      out.update(attention_bias=False, mlp_bias=False)
-    if cfg.head_dim:
-      out["head_dim"] = cfg.head_dim
+    if model_type != "qwen2":
+      out.update(attention_bias=False)
+    if model_type == "llama":
+      out.update(mlp_bias=False)
+    if cfg.head_dim or model_type == "qwen3":  # Qwen3Config's default is 128, not d / heads.
+      out["head_dim"] = cfg.dim_per_head
+  elif cfg.variant == "neox":
+    out = {"architectures": [NEOX_CLASS], "model_type": "gpt_neox", "vocab_size": cfg.vocab_size,
+           "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+           "num_attention_heads": cfg.n_heads, "intermediate_size": cfg.d_ff,
+           "max_position_embeddings": cfg.max_len, "layer_norm_eps": cfg.norm_eps,
+           "rotary_pct": _rotary_pct(cfg), "rotary_emb_base": cfg.rope_theta,
+           "rope_scaling": None, "use_parallel_residual": cfg.parallel_residual,
+           "hidden_act": "gelu", "attention_bias": True, "hidden_dropout": 0.0,
+           "attention_dropout": 0.0}
   else:
     out = {"architectures": [GPT2_CLASS], "model_type": "gpt2", "vocab_size": cfg.vocab_size,
            "n_embd": cfg.d_model, "n_layer": cfg.n_layers, "n_head": cfg.n_heads,
@@ -226,6 +318,9 @@ def _llama_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Ten
   if cfg.qkv_bias:
     for name, count in (("q", h), ("k", kv), ("v", kv)):
       out[f"attn/{name}_bias"] = t(f"self_attn.{name}_proj.bias", (count * dh,)).reshape(count, dh)
+  if cfg.qk_norm:
+    out.update({"attn/q_norm": t("self_attn.q_norm.weight", (dh,)),
+                "attn/k_norm": t("self_attn.k_norm.weight", (dh,))})
   return out
 
 
@@ -241,7 +336,48 @@ def _llama_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
          "mlp.down_proj.weight": p["mlp/wo"].T}
   if cfg.qkv_bias:
     out.update({f"self_attn.{n}_proj.bias": p[f"attn/{n}_bias"].reshape(-1) for n in "qkv"})
+  if cfg.qk_norm:
+    out.update({"self_attn.q_norm.weight": p["attn/q_norm"],
+                "self_attn.k_norm.weight": p["attn/k_norm"]})
   return out
+
+
+def _neox_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tensors:
+  """GPT-NeoX: `query_key_value`'s output rows are [heads, (q, k, v), head_dim], not q, k and v
+  side by side as GPT-2's c_attn."""
+  d, h, dh, f = cfg.d_model, cfg.n_heads, cfg.dim_per_head, cfg.d_ff
+  qkv_w = t("attention.query_key_value.weight", (3 * d, d)).reshape(h, 3, dh, d)
+  qkv_b = t("attention.query_key_value.bias", (3 * d,)).reshape(h, 3, dh)
+  out = {"attn_norm/scale": t("input_layernorm.weight", (d,)),
+         "attn_norm/bias": t("input_layernorm.bias", (d,)),
+         "attn/o": t("attention.dense.weight", (d, d)).T.reshape(h, dh, d),
+         "attn/o_bias": t("attention.dense.bias", (d,)),
+         "mlp_norm/scale": t("post_attention_layernorm.weight", (d,)),
+         "mlp_norm/bias": t("post_attention_layernorm.bias", (d,)),
+         "mlp/wi": t("mlp.dense_h_to_4h.weight", (f, d)).T,
+         "mlp/bi": t("mlp.dense_h_to_4h.bias", (f,)),
+         "mlp/wo": t("mlp.dense_4h_to_h.weight", (d, f)).T,
+         "mlp/bo": t("mlp.dense_4h_to_h.bias", (d,))}
+  for i, name in enumerate("qkv"):
+    out[f"attn/{name}"] = qkv_w[:, i].transpose(2, 0, 1)  # [d, heads, head_dim]
+    out[f"attn/{name}_bias"] = qkv_b[:, i]
+  return out
+
+
+def _neox_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
+  d, h, dh = cfg.d_model, cfg.n_heads, cfg.dim_per_head
+  qkv_w = np.stack([p[f"attn/{n}"].transpose(1, 2, 0) for n in "qkv"], 1)  # [h, 3, dh, d]
+  qkv_b = np.stack([p[f"attn/{n}_bias"] for n in "qkv"], 1)  # [h, 3, dh]
+  return {"input_layernorm.weight": p["attn_norm/scale"],
+          "input_layernorm.bias": p["attn_norm/bias"],
+          "attention.query_key_value.weight": qkv_w.reshape(3 * h * dh, d),
+          "attention.query_key_value.bias": qkv_b.reshape(-1),
+          "attention.dense.weight": p["attn/o"].reshape(h * dh, d).T,
+          "attention.dense.bias": p["attn/o_bias"],
+          "post_attention_layernorm.weight": p["mlp_norm/scale"],
+          "post_attention_layernorm.bias": p["mlp_norm/bias"],
+          "mlp.dense_h_to_4h.weight": p["mlp/wi"].T, "mlp.dense_h_to_4h.bias": p["mlp/bi"],
+          "mlp.dense_4h_to_h.weight": p["mlp/wo"].T, "mlp.dense_4h_to_h.bias": p["mlp/bo"]}
 
 
 def _gpt2_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tensors:
@@ -330,9 +466,14 @@ def load(directory: str, dtype: str | None = None,
     return array.astype(DTYPES[dtype], copy=False)
 
   d, v = cfg.d_model, cfg.vocab_size
+  head = "lm_head.weight"
   if cfg.variant == "llama":
     layer_prefix, convert = "model.layers.{}.", _llama_layer
     embed, final = "model.embed_tokens.weight", "model.norm."
+  elif cfg.variant == "neox":
+    layer_prefix, convert = "gpt_neox.layers.{}.", _neox_layer
+    embed, final = "gpt_neox.embed_in.weight", "gpt_neox.final_layer_norm."
+    head = NEOX_HEAD if NEOX_HEAD in tensors or head not in tensors else head
   else:
     prefix = "transformer." if any(n.startswith("transformer.") for n in tensors) else ""
     layer_prefix, convert = prefix + "h.{}.", _gpt2_layer
@@ -343,14 +484,15 @@ def load(directory: str, dtype: str | None = None,
             for i in range(cfg.n_layers)]
   stacked = {k: np.stack([l[k] for l in layers]) for k in layers[0]}
   params["layers"] = transformer._nest(stacked)  # pylint: disable=protected-access
-  if cfg.variant == "gpt2":
+  if cfg.layer_norm:
     params["final_norm"]["bias"] = take(final + "bias", (d,))
+  if cfg.variant == "gpt2":
     params["pos_embed"] = {"embedding": take(prefix + "wpe.weight", (cfg.max_len, d))}
   if not cfg.tie_embeddings:
-    params["lm_head"] = {"kernel": take("lm_head.weight", (v, d)).T}
-  elif "lm_head.weight" in tensors:  # A tied head saved twice must equal the embedding.
-    if not np.array_equal(take("lm_head.weight", (v, d)), params["embed"]["embedding"]):
-      raise ConfigError(f"{where['lm_head.weight']}: 'lm_head.weight' differs from the embedding "
+    params["lm_head"] = {"kernel": take(head, (v, d)).T}
+  elif head in tensors:  # A tied head saved twice must equal the embedding.
+    if not np.array_equal(take(head, (v, d)), params["embed"]["embedding"]):
+      raise ConfigError(f"{where[head]}: {head!r} differs from the embedding "
                         f"but {config_path} sets tie_word_embeddings")
   if reward:
     head = {"kernel": take("score.weight", (1, d))[0],
@@ -371,10 +513,16 @@ def hf_tensors(params: dict, cfg: ModelConfig) -> Tensors:
   _check_exportable(params, cfg)
   np_params = jax.tree.map(np.asarray, params)
   layers = {f"{g}/{n}": a for g, group in np_params["layers"].items() for n, a in group.items()}
+  head = "lm_head.weight"
   if cfg.variant == "llama":
     out = {"model.embed_tokens.weight": np_params["embed"]["embedding"],
            "model.norm.weight": np_params["final_norm"]["scale"]}
     layer_prefix, convert = "model.layers.{}.", _llama_layer_hf
+  elif cfg.variant == "neox":
+    out = {"gpt_neox.embed_in.weight": np_params["embed"]["embedding"],
+           "gpt_neox.final_layer_norm.weight": np_params["final_norm"]["scale"],
+           "gpt_neox.final_layer_norm.bias": np_params["final_norm"]["bias"]}
+    layer_prefix, convert, head = "gpt_neox.layers.{}.", _neox_layer_hf, NEOX_HEAD
   else:
     out = {"transformer.wte.weight": np_params["embed"]["embedding"],
            "transformer.wpe.weight": np_params["pos_embed"]["embedding"],
@@ -385,7 +533,7 @@ def hf_tensors(params: dict, cfg: ModelConfig) -> Tensors:
     hf_layer = convert({k: a[i] for k, a in layers.items()}, cfg)
     out.update({layer_prefix.format(i) + n: a for n, a in hf_layer.items()})
   if not cfg.tie_embeddings:
-    out["lm_head.weight"] = np_params["lm_head"]["kernel"].T
+    out[head] = np_params["lm_head"]["kernel"].T
   return out
 
 
@@ -454,10 +602,19 @@ def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = Non
 def _check_exportable(params: dict, cfg: ModelConfig) -> None:
   """`params` must have exactly the parameters `cfg` describes (e.g. lm_head iff untied), and a
   GPT-2 its fixed head layout."""
-  if cfg.variant == "gpt2" and (cfg.n_kv_heads != cfg.n_heads
-                                or cfg.dim_per_head * cfg.n_heads != cfg.d_model):
-    raise ConfigError("GPT-2 checkpoints need model.n_kv_heads == model.n_heads and "
+  name = {"gpt2": "GPT-2", "neox": "GPT-NeoX"}.get(cfg.variant)
+  if name and (cfg.n_kv_heads != cfg.n_heads or cfg.dim_per_head * cfg.n_heads != cfg.d_model):
+    raise ConfigError(f"{name} checkpoints need model.n_kv_heads == model.n_heads and "
                       "model.head_dim == model.d_model / model.n_heads")
+  # Switches no transformers family of this variant has.
+  family = {"llama": "LLaMA, Qwen2 and Qwen3", "gpt2": "GPT-2"}.get(cfg.variant)
+  unexportable = [k for k, on in (("parallel_residual", cfg.parallel_residual),
+                                  ("rotary_dim", bool(cfg.rotary_dim)),
+                                  ("qk_norm with model.qkv_bias", cfg.qk_norm and cfg.qkv_bias))
+                  if on and family]
+  if unexportable:
+    raise ConfigError(f"model.{unexportable[0]} has no Hugging Face layout in {family} checkpoints "
+                      "(gpt_neox has a parallel residual and partial rotary)")
   want = _paths(transformer.param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
   have = _paths(params, is_leaf=lambda x: not isinstance(x, dict))
   if want != have:

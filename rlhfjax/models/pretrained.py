@@ -86,8 +86,10 @@ def params(path: str, cfg: ModelConfig) -> dict:
   return jax.tree.map(lambda x: jnp.asarray(np.asarray(x, np.float32), dtype), tree)
 
 
-def tokenizer(path: str, chat: bool):
-  """The tokenizer stored with the model; `chat` frames prompts as a user turn of its template."""
+def tokenizer(path: str, chat: bool, thinking: bool = False):
+  """The tokenizer stored with the model; `chat` frames prompts as a user turn of its template,
+  `thinking` turns on a template's thinking switch (Qwen3's `enable_thinking`; off by default)."""
   if _is_gguf(path):
-    return pretrained_tokenizer.PretrainedTokenizer(import_gguf.metadata(path), chat=chat)
-  return pretrained_tokenizer.from_directory(path, chat=chat)
+    return pretrained_tokenizer.PretrainedTokenizer(import_gguf.metadata(path), chat=chat,
+                                                    thinking=thinking)
+  return pretrained_tokenizer.from_directory(path, chat=chat, thinking=thinking)

@@ -8,10 +8,13 @@ buffer, updated in place. `param_axes(cfg)` names every parameter dimension with
 (`vocab`, `embed`, `heads`, `kv_heads`, `head_dim`, `mlp`, `layers`); sharding rules map those names
 to mesh axes.
 
-Variants: `gpt2` (learned positions, LayerNorm, GELU, biases) and `llama` (RoPE in the rotate-half
-form, optionally with Llama 3.1's frequency scaling, RMSNorm, SwiGLU, grouped-query attention, no
-biases but optional q/k/v biases as in Qwen2), the latter laid out like Hugging Face's LLaMA so real
-checkpoints load unchanged.
+Variants: `gpt2` (learned positions, LayerNorm, tanh-GELU, biases), `llama` (RoPE in the
+rotate-half form, optionally with Llama 3.1's frequency scaling, RMSNorm, SwiGLU, grouped-query
+attention, no biases but optional q/k/v biases as in Qwen2), laid out like Hugging Face's LLaMA so
+real checkpoints load unchanged, and `neox` (GPT-NeoX / Pythia: RoPE, LayerNorm, exact-GELU MLP,
+biases everywhere). Switches on top, each one family's detail: `qk_norm` (Qwen3: RMSNorm of each
+head's q and k, before RoPE), `rotary_dim` (GPT-NeoX: RoPE on each head's first dimensions only)
+and `parallel_residual` (GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))).
 
 A tree may carry LoRA adapters under `lora` (models/lora.py); every projection adds those it finds.
 
@@ -54,7 +57,7 @@ def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None
       "mlp/wi": ((d, f), ("embed", "mlp")),
       "mlp/wo": ((f, d), ("mlp", "embed")),
   }
-  if cfg.variant == "gpt2":
+  if cfg.biases:
     out.update({
         "attn_norm/bias": ((d,), ("embed",)),
         "attn/q_bias": ((h, dh), ("heads", "head_dim")),
@@ -71,6 +74,8 @@ def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None
       out.update({"attn/q_bias": ((h, dh), ("heads", "head_dim")),
                   "attn/k_bias": ((kv, dh), ("kv_heads", "head_dim")),
                   "attn/v_bias": ((kv, dh), ("kv_heads", "head_dim"))})
+    if cfg.qk_norm:  # One scale per head dimension, shared by all heads (Qwen3's q_norm, k_norm).
+      out.update({"attn/q_norm": ((dh,), ("head_dim",)), "attn/k_norm": ((dh,), ("head_dim",))})
   return out
 
 
@@ -89,6 +94,7 @@ def param_axes(cfg: ModelConfig) -> Params:
                   "final_norm": {"scale": ("embed",)}}
   if cfg.variant == "gpt2":
     axes["pos_embed"] = {"embedding": (None, "embed")}
+  if cfg.layer_norm:
     axes["final_norm"]["bias"] = ("embed",)
   if not cfg.tie_embeddings:
     axes["lm_head"] = {"kernel": ("embed", "vocab")}
@@ -96,7 +102,8 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 
 def init(rng: jax.Array, cfg: ModelConfig) -> Params:
-  """Normal(0.02) weights; residual output projections scaled by 1/sqrt(2 L); norms 1, biases 0."""
+  """Normal(0.02) weights; residual output projections scaled by 1/sqrt(2 L); norm scales (q/k
+  norms included) 1, biases 0."""
   dtype = jnp.dtype(cfg.param_dtype)
   dims = _dims(cfg)
   keys = dict(zip(dims, jax.random.split(rng, len(dims))))
@@ -105,7 +112,7 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
   for path, (shape, _) in dims.items():
     full = (cfg.n_layers,) + shape
     name = path.split("/")[1]
-    if name == "scale":
+    if name in ("scale", "q_norm", "k_norm"):
       layers[path] = jnp.ones(full, dtype)
     elif "bias" in name or name in ("bi", "bo"):
       layers[path] = jnp.zeros(full, dtype)
@@ -122,6 +129,7 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
   if cfg.variant == "gpt2":
     params["pos_embed"] = {"embedding": (0.01 * jax.random.normal(k_pos, (cfg.max_len, cfg.d_model))
                                          ).astype(dtype)}
+  if cfg.layer_norm:
     params["final_norm"]["bias"] = jnp.zeros((cfg.d_model,), dtype)
   if not cfg.tie_embeddings:
     params["lm_head"] = {"kernel": (0.02 * jax.random.normal(k_head, (cfg.d_model, cfg.vocab_size))
@@ -130,22 +138,28 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
 
 
 def _norm(x: jax.Array, p: Params, cfg: ModelConfig) -> jax.Array:
-  """LayerNorm (gpt2) or RMSNorm (llama), computed in float32."""
+  """LayerNorm (gpt2, neox) or RMSNorm (llama) over the last axis, computed in float32."""
+  return _normalize(x, p["scale"], p.get("bias"), cfg.norm_eps, center=cfg.layer_norm)
+
+
+def _normalize(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float,
+               center: bool) -> jax.Array:
   x32 = x.astype(jnp.float32)
-  if cfg.variant == "gpt2":
+  if center:
     x32 = x32 - x32.mean(-1, keepdims=True)
-  y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + cfg.norm_eps)
-  y = y * p["scale"].astype(jnp.float32)
-  if "bias" in p:
-    y = y + p["bias"].astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
+  y = y * scale.astype(jnp.float32)
+  if bias is not None:
+    y = y + bias.astype(jnp.float32)
   return y.astype(x.dtype)
 
 
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-  """The rotary angular frequency of each dimension pair [Dh/2]: theta^(-2i/Dh), rescaled as
-  Llama 3.1 does when `cfg.rope_scaling_factor` is not 1 (slow pairs divided by the factor, fast
-  ones kept, a smooth blend between), so a long context reuses the angles seen in training."""
-  half = cfg.dim_per_head // 2
+  """The rotary angular frequency of each dimension pair [R/2] (R = `cfg.rotary_dims`, the head's
+  rotated dimensions): theta^(-2i/R), rescaled as Llama 3.1 does when `cfg.rope_scaling_factor` is
+  not 1 (slow pairs divided by the factor, fast ones kept, a smooth blend between), so a long
+  context reuses the angles seen in training."""
+  half = cfg.rotary_dims // 2
   freq = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   if cfg.rope_scaling_factor == 1:
     return freq
@@ -156,13 +170,17 @@ def rope_frequencies(cfg: ModelConfig) -> jax.Array:
 
 
 def _rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """Rotary embedding, rotate-half form: dims i and i + Dh/2 form a pair. x: [B,T,H,Dh]."""
-  half = x.shape[-1] // 2
+  """Rotary embedding, rotate-half form, on each head's first R = `cfg.rotary_dims` dimensions
+  (all of them but in GPT-NeoX): dims i and i + R/2 form a pair, dims from R on pass unchanged, as
+  in Hugging Face's GPT-NeoX. x: [B,T,H,Dh]."""
+  rot = cfg.rotary_dims
+  half = rot // 2
   freq = rope_frequencies(cfg)
   angle = positions[..., None].astype(jnp.float32) * freq  # [B,T,half]
   cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
-  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+  x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:rot].astype(jnp.float32)
+  rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+  return rotated if rot == x.shape[-1] else jnp.concatenate([rotated, x[..., rot:]], -1)
 
 
 def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
@@ -175,15 +193,18 @@ def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig,
          ad: Params | None = None, scale: jax.Array | None = None):
   """Query, key and value projections [B,T,heads,Dh] (plus their LoRA adapters `ad`, if any):
-  biases added (gpt2, or llama with `qkv_bias`), then RoPE applied (llama), the order of Hugging
-  Face's Qwen2."""
+  biases added (gpt2, neox, or llama with `qkv_bias`), each head's q and k RMS-normalised
+  (`qk_norm`), then RoPE applied (llama, neox): the order of Hugging Face's Qwen2 and Qwen3."""
   dt = x.dtype
   q = jnp.einsum("btd,dhk->bthk", x, p["q"].astype(dt)) + lora.delta(x, ad, "q", scale)
   k = jnp.einsum("btd,dhk->bthk", x, p["k"].astype(dt)) + lora.delta(x, ad, "k", scale)
   v = jnp.einsum("btd,dhk->bthk", x, p["v"].astype(dt)) + lora.delta(x, ad, "v", scale)
-  if cfg.variant == "gpt2" or cfg.qkv_bias:
+  if cfg.biases or cfg.qkv_bias:
     q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
-  if cfg.variant == "llama":
+  if cfg.qk_norm:
+    q = _normalize(q, p["q_norm"], None, cfg.norm_eps, center=False)
+    k = _normalize(k, p["k_norm"], None, cfg.norm_eps, center=False)
+  if cfg.variant != "gpt2":
     q, k = _rope(q, positions, cfg), _rope(k, positions, cfg)
   return q, k, v
 
@@ -198,7 +219,7 @@ def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Ar
   out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal,
                          packed=packed, rng=rng)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt)) + lora.delta(out, ad, "o", scale)
-  if cfg.variant == "gpt2":
+  if cfg.biases:
     out = out + p["o_bias"].astype(dt)
   return out
 
@@ -207,8 +228,8 @@ def _mlp(p: Params, x: jax.Array, cfg: ModelConfig, ad: Params | None = None,
          scale: jax.Array | None = None) -> jax.Array:
   dt = x.dtype
   proj = lambda h, name: h @ p[name].astype(dt) + lora.delta(h, ad, name, scale)
-  if cfg.variant == "gpt2":
-    hid = jax.nn.gelu(proj(x, "wi") + p["bi"].astype(dt), approximate=True)
+  if cfg.biases:  # GPT-2's tanh approximation of GELU; GPT-NeoX's exact (erf) GELU.
+    hid = jax.nn.gelu(proj(x, "wi") + p["bi"].astype(dt), approximate=cfg.variant == "gpt2")
     return proj(hid, "wo") + p["bo"].astype(dt)
   hid = jax.nn.silu(proj(x, "wg")) * proj(x, "wi")
   return proj(hid, "wo")
@@ -355,9 +376,12 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
                  for c, new in zip(kv, (k, v)))
       h = _attend(p["attn"], q, *(c[:, :, :allowed.shape[-1]] for c in kv), allowed, cfg, r[0],
                   heads_major=True, ad=ad_attn, scale=scale)
-    x = x + _dropout(h, cfg.dropout, r[1])
-    x = x + _dropout(_mlp(p["mlp"], _norm(x, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
-                     r[2])
+    h = _dropout(h, cfg.dropout, r[1])
+    # Parallel residual (GPT-NeoX): the MLP reads the block's input, not x + attention.
+    mlp_in = x if cfg.parallel_residual else x + h
+    m = _dropout(_mlp(p["mlp"], _norm(mlp_in, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
+                 r[2])
+    x = x + h + m if cfg.parallel_residual else mlp_in + m
     return sharding_rules.constrain(x, ACTIVATION_AXES), kv
 
   block = checkpointed(block, cfg)

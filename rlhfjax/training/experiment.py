@@ -82,7 +82,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   init_from = pretrained.resolve(mcfg["init_from"]) if mcfg.get("init_from") else ""
   if init_from:
     model = pretrained.model_config(init_from, mcfg)
-    tok = pretrained.tokenizer(init_from, chat=bool(config.format.get("chat", False)))
+    tok = pretrained.tokenizer(init_from, chat=bool(config.format.get("chat", False)),
+                               thinking=bool(config.format.get("thinking", False)))
   else:
     model = ModelConfig.from_mapping({k: v for k, v in mcfg.items() if k != "init_from"})
     if tcfg.path:

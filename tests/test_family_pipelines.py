@@ -1,0 +1,169 @@
+"""The whole pipeline from a pretrained Qwen3 and a pretrained GPT-NeoX: `model.init_from` names a
+tiny Hugging Face directory that transformers wrote (random weights, no download) with a tokenizer
+in the family's style — Qwen3's ChatML template with its thinking switch (off by default), Pythia's
+plain byte-level BPE whose bos, eos and unk are all `<|endoftext|>` (so `<|padding|>` pads), no
+template. SFT -> labels -> RM -> PPO, GRPO and DPO run on each, LoRA on every trained model, and
+the PPO policy exported by task=export loads back into transformers with rlhfjax's logits.
+
+The tokenizers are checked against transformers' own (`AutoTokenizer`, `apply_chat_template`).
+"""
+
+import importlib.util
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import load_config
+from test_hf_checkpoint import write_tokenizer
+from rlhfjax import main
+from rlhfjax.data import pretrained_tokenizer
+from rlhfjax.errors import ConfigError
+from rlhfjax.models import hf_checkpoint, transformer
+from rlhfjax.training import metrics as metrics_lib
+
+if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
+  if os.environ.get("CI"):
+    raise ImportError("CI installs torch and transformers (.ci/run): these tests must not skip")
+  pytest.skip("needs torch and transformers (pip install -e '.[test]')", allow_module_level=True)
+
+import torch  # noqa: E402  pylint: disable=g-import-not-at-top
+import transformers  # noqa: E402  pylint: disable=g-import-not-at-top
+
+# The part of Qwen3's hybrid template that decides whether the model thinks: with
+# enable_thinking false the assistant turn opens with an empty think block.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% endif %}{% endif %}")
+VOCAB = 272  # The tokenizers' 265 tokens, padded up as published vocabularies are.
+STAGES = "sft,label,rm,ppo,grpo,dpo"
+
+
+def qwen3_tokenizer(directory) -> str:
+  """Qwen3's special tokens: no bos, eos `<|im_end|>`, pad `<|endoftext|>`, no unk."""
+  write_tokenizer(directory, template=QWEN3_TEMPLATE)
+  path = os.path.join(directory, "tokenizer_config.json")
+  config = json.load(open(path))
+  config.update(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
+                tokenizer_class="Qwen2Tokenizer")
+  json.dump(config, open(path, "w"))
+  return str(directory)
+
+
+def pythia_tokenizer(directory) -> str:
+  """GPT-NeoX-20B's special tokens: `<|endoftext|>` is bos, eos and unk, `<|padding|>` is an added
+  special token that no key names, and there is no chat template."""
+  write_tokenizer(directory, template=None)
+  tok_path = os.path.join(directory, "tokenizer.json")
+  tok = json.load(open(tok_path))
+  tok["added_tokens"].append({"id": 264, "content": "<|padding|>", "single_word": False,
+                              "lstrip": False, "rstrip": False, "normalized": False,
+                              "special": True})
+  tok["model"]["vocab"]["<|padding|>"] = 264
+  json.dump(tok, open(tok_path, "w"))
+  config = {"add_prefix_space": False, "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+            "unk_token": "<|endoftext|>", "tokenizer_class": "GPTNeoXTokenizer",
+            "model_max_length": 2048}
+  json.dump(config, open(os.path.join(directory, "tokenizer_config.json"), "w"))
+  return str(directory)
+
+
+def hf_checkpoint_dir(directory, family: str) -> str:
+  """A tiny model of `family` written by transformers, with its family's tokenizer beside it."""
+  common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64, max_position_embeddings=256)
+  if family == "qwen3":
+    config = transformers.Qwen3Config(**common, num_key_value_heads=2, head_dim=16,
+                                      tie_word_embeddings=True)
+  else:
+    config = transformers.GPTNeoXConfig(**common, use_parallel_residual=True,
+                                        rope_parameters={"rope_type": "default",
+                                                         "rope_theta": 10000.0,
+                                                         "partial_rotary_factor": 0.25})
+  torch.manual_seed(0)
+  transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(
+      str(directory))
+  (qwen3_tokenizer if family == "qwen3" else pythia_tokenizer)(directory)
+  return str(directory)
+
+
+# --- The two tokenizers, against transformers' ---------------------------------------------------
+
+def test_qwen3_chat_template_thinks_only_when_asked(tmp_path):
+  path = qwen3_tokenizer(tmp_path)
+  ours = pretrained_tokenizer.from_directory(path, chat=True)
+  assert (ours.eos_id, ours.pad_id, ours.bos_id) == (263, 261, 263)  # No bos: eos stands in.
+  theirs = transformers.AutoTokenizer.from_pretrained(path)
+  messages = [{"role": "user", "content": "hello world"}]
+  for thinking in (False, True):
+    tok = pretrained_tokenizer.from_directory(path, chat=True, thinking=thinking)
+    want = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                      enable_thinking=thinking)
+    assert tok.prompt_text("hello world") == want
+    assert tok.encode(want) == theirs(want, add_special_tokens=False)["input_ids"]
+  assert ours.prompt_text("hi").endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_pythia_tokenizer_pads_with_its_padding_token(tmp_path):
+  path = pythia_tokenizer(tmp_path)
+  tok = pretrained_tokenizer.from_directory(path)
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (261, 261, 264, 265)
+  text = "hello world"
+  theirs = transformers.AutoTokenizer.from_pretrained(path)
+  assert tok.encode(text) == theirs(text, add_special_tokens=False)["input_ids"]
+  assert tok.prompt_text(text) == text and tok.response_text("x") == " x"  # Plain, no template.
+  with pytest.raises(ConfigError, match="format.chat needs a chat template"):
+    pretrained_tokenizer.from_directory(path, chat=True)
+
+
+# --- The pipeline --------------------------------------------------------------------------------
+
+def pipeline_config(init_from: str, chat: bool):
+  config = load_config("smollm2_tldr_sim", "tiny")
+  config.stages = STAGES
+  config.model.init_from = init_from
+  config.format.update(prompt_len=192, response_len=8, chat=chat)
+  config.lora.update(rank=4, models="sft,rm,policy,value")
+  config.label.update(num_pairs=8, num_val_pairs=4, batch_size=8)
+  config.grpo.update(steps=1, rollout_batch=4, k=2, minibatch_size=4, eval_every=1,
+                     eval_examples=2)
+  config.dpo.update(batch_size=4, warmup_steps=1, log_every=1)
+  return config
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gpt_neox"])
+def test_pipeline_from_a_pretrained_checkpoint(tmp_path, family):
+  init_from = hf_checkpoint_dir(tmp_path / "hf", family)
+  config = pipeline_config(init_from, chat=family == "qwen3")
+  workdir = str(tmp_path / "run")
+  main.run(config, workdir)
+  for stage in ("sft", "rm", "ppo", "grpo", "dpo"):
+    logged = metrics_lib.read_jsonl(f"{workdir}/{stage}/metrics.jsonl")
+    assert logged and all(np.isfinite(v) for m in logged.values() for v in m.values()
+                          if isinstance(v, float)), stage
+  with open(f"{workdir}/label/train.jsonl") as f:
+    assert len(f.read().splitlines()) == config.label.num_pairs
+  # The PPO policy (LoRA merged) back in transformers, with rlhfjax's logits.
+  export = config.copy_and_resolve_references()
+  export.task = "export"
+  export.export.model = "ppo"
+  directory = main.run(export, workdir)
+  params, cfg = hf_checkpoint.load(directory)
+  assert cfg == hf_checkpoint.model_config(init_from)
+  model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+  ids = np.random.default_rng(0).integers(0, 265, (1, 24))
+  with torch.no_grad():
+    want = model(torch.tensor(ids)).logits[0].numpy()
+  p = jax.tree.map(jnp.asarray, params)
+  got = np.asarray(transformer.lm_logits(p, transformer.forward(p, jnp.asarray(ids), cfg)[0],
+                                         cfg)[0])
+  assert np.abs(got - want).max() <= 1e-4
+  # Training moved the weights: the export is not the starting checkpoint.
+  start, _ = hf_checkpoint.load(init_from)
+  assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(start),
+                                                     jax.tree.leaves(params)))

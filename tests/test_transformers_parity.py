@@ -1,0 +1,189 @@
+"""Parity with transformers itself, family by family: transformers builds a tiny random model of
+each (from its config class, no download), its weights scaled up so that norms, biases and the
+attention pattern matter, and writes it with `save_pretrained`. Then
+
+- `hf_checkpoint.load` and rlhfjax's forward give transformers' float32 logits on a 40-token input
+  within 1e-4, with the same argmax at every position;
+- rlhfjax's export (`hf_checkpoint.save`) loads back into transformers as the very same model
+  (every tensor equal, so its logits are the original's), and back into rlhfjax as the same config;
+- the KV-cache sampler's greedy tokens are `generate`'s (greedy, 32 new tokens), left padding
+  included.
+
+Families: Qwen3 (q/k norms, head_dim unlike hidden / heads), GPT-NeoX (fused per-head
+query_key_value, partial rotary, parallel residual; and its sequential form), LLaMA with Llama 3.1's
+RoPE scaling, Mistral (head_dim unlike hidden / heads), Qwen2 (q/k/v biases). torch and transformers
+are test dependencies: CI installs them (.ci/run), so there these tests run, never skip.
+"""
+
+import functools
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlhfjax.models import hf_checkpoint, sampling, transformer
+
+if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
+  if os.environ.get("CI"):
+    raise ImportError("CI installs torch and transformers (.ci/run): these tests must not skip")
+  pytest.skip("needs torch and transformers (pip install -e '.[test]')", allow_module_level=True)
+
+import torch  # noqa: E402  pylint: disable=g-import-not-at-top
+import transformers  # noqa: E402  pylint: disable=g-import-not-at-top
+
+V, T, NEW = 96, 40, 32
+SMALL = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=128)
+# model_type: (config class, its arguments, the ModelConfig fields it must load as).
+FAMILIES = {
+    "qwen3": ("Qwen3Config", dict(SMALL, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                                  tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1000.0}),
+              dict(variant="llama", qk_norm=True, head_dim=16, n_kv_heads=2, qkv_bias=False,
+                   tie_embeddings=False)),
+    "gpt_neox": ("GPTNeoXConfig", dict(SMALL, hidden_size=64, layer_norm_eps=1e-5,
+                                       use_parallel_residual=True,
+                                       rope_parameters={"rope_type": "default", "rope_theta": 1000.0,
+                                                        "partial_rotary_factor": 0.25}),
+                 dict(variant="neox", rotary_dim=4, parallel_residual=True, tie_embeddings=False)),
+    "gpt_neox_sequential": ("GPTNeoXConfig", dict(SMALL, use_parallel_residual=False,
+                                                  rope_parameters={"rope_type": "default",
+                                                                   "rope_theta": 1000.0,
+                                                                   "partial_rotary_factor": 0.5}),
+                            dict(variant="neox", rotary_dim=4, parallel_residual=False)),
+    "llama": ("LlamaConfig", dict(SMALL, num_key_value_heads=2, tie_word_embeddings=False,
+                                  rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                                   "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 64}),
+              dict(variant="llama", rope_scaling_factor=8.0, rope_original_max_len=64)),
+    "mistral": ("MistralConfig", dict(SMALL, num_key_value_heads=1, head_dim=12, sliding_window=None,
+                                      tie_word_embeddings=True),
+                dict(variant="llama", head_dim=12, n_kv_heads=1, tie_embeddings=True)),
+    "qwen2": ("Qwen2Config", dict(SMALL, num_key_value_heads=2, tie_word_embeddings=True,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+              dict(variant="llama", qkv_bias=True, tie_embeddings=True)),
+}
+# The model_type each exports as (the sequential GPT-NeoX is still gpt_neox).
+EXPORTED = {"qwen3": "qwen3", "gpt_neox": "gpt_neox", "gpt_neox_sequential": "gpt_neox",
+            "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+
+
+def tiny_hf_model(family: str, seed: int = 0):
+  """A transformers model of `family`, float32, with random weights: matrices N(0, 0.3²) (fan-in 32
+  to 64, so activations are O(1) and logits O(10)), norm scales 1 + N(0, 0.3²), biases N(0, 0.3²)."""
+  name, kwargs, _ = FAMILIES[family]
+  config = getattr(transformers, name)(**kwargs)
+  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for n, p in model.named_parameters():
+      noise = 0.3 * torch.randn(p.shape, generator=gen)
+      p.copy_(1 + noise if "norm" in n and n.endswith("weight") else noise)
+  return model
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+  """(family, transformers model, its save_pretrained directory, rlhfjax params and config)."""
+  name = request.param
+  model = tiny_hf_model(name)
+  directory = str(tmp_path_factory.mktemp(name))
+  model.save_pretrained(directory)
+  params, cfg = hf_checkpoint.load(directory)
+  return name, model, directory, jax.tree.map(jnp.asarray, params), cfg
+
+
+IDS = np.random.default_rng(0).integers(0, V, (1, T))
+
+
+def hf_logits(model, ids=IDS) -> np.ndarray:
+  with torch.no_grad():
+    return model(torch.tensor(ids)).logits[0].numpy()
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _logits(params, ids, cfg):
+  return transformer.lm_logits(params, transformer.forward(params, ids, cfg)[0], cfg)
+
+
+def our_logits(params, cfg, ids=IDS) -> np.ndarray:
+  """rlhfjax's logits, compiled once per config (the tests of a family share the program)."""
+  return np.asarray(_logits(params, jnp.asarray(ids), cfg)[0])
+
+
+def test_config_json_loads_as_the_family(family):
+  name, _, _, _, cfg = family
+  for field, want in FAMILIES[name][2].items():
+    assert getattr(cfg, field) == want, field
+  assert (cfg.n_layers, cfg.vocab_size, cfg.max_len) == (2, V, 128)
+
+
+def test_logits_match_transformers(family):
+  name, model, _, params, cfg = family
+  want, got = hf_logits(model), our_logits(params, cfg)
+  diff = float(np.abs(got - want).max())
+  print(f"{name}: max |logit difference| {diff:.2g} (logits up to {np.abs(want).max():.1f})")
+  assert np.abs(want).max() > 3.0  # Logits far from zero: the comparison means something.
+  assert diff <= 1e-4
+  assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+def test_export_is_the_same_transformers_model(family, tmp_path):
+  name, model, _, params, cfg = family
+  out = hf_checkpoint.save(params, cfg, str(tmp_path / "export"))
+  again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  assert again.config.model_type == EXPORTED[name]  # Mistral without its window is LLaMA.
+  want, got = model.state_dict(), again.state_dict()
+  assert sorted(got) == sorted(want)
+  for key, value in want.items():
+    assert torch.equal(got[key], value), key
+  np.testing.assert_array_equal(hf_logits(again), hf_logits(model))
+  assert hf_checkpoint.load(out)[1] == cfg
+
+
+def test_greedy_sampler_matches_generate(family):
+  """Two prompts, the second left-padded by 6: transformers' `generate` (greedy, its own KV cache,
+  positions from the attention mask) and rlhfjax's sampler give the same 32 tokens."""
+  _, model, _, params, cfg = family
+  rng = np.random.default_rng(1)
+  prompts = rng.integers(3, V, (2, 12))
+  mask = np.ones((2, 12), bool)
+  mask[1, :6] = False
+  prompts[1, :6] = 0
+  with torch.no_grad():
+    want = model.generate(torch.tensor(prompts), attention_mask=torch.tensor(mask.astype(np.int64)),
+                          max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                          eos_token_id=None, pad_token_id=0)[:, 12:].numpy()
+  scfg = sampling.SamplingConfig(max_new_tokens=NEW, eos_id=V, pad_id=0, temperature=0.0)
+  got = sampling.sample(params, jnp.asarray(prompts), jnp.asarray(mask), jax.random.key(0), cfg,
+                        scfg)
+  np.testing.assert_array_equal(np.asarray(got.tokens), want)
+
+
+def _with(params, **attn):
+  """`params` with the attention leaves `attn` names replaced by `value(old leaf)`."""
+  layers = {**params["layers"], "attn": {**params["layers"]["attn"],
+                                         **{k: f(params["layers"]["attn"][k]) for k, f in attn.items()}}}
+  return {**params, "layers": layers}
+
+
+def test_each_detail_of_the_new_families_moves_the_logits(family):
+  """The 1e-4 agreement is not loose: leaving out any one detail of Qwen3 or GPT-NeoX moves the
+  logits by far more (and the other families' details are covered by the same comparison)."""
+  name, _, _, params, cfg = family
+  ones, zeros = jnp.ones_like, jnp.zeros_like
+  variants = {
+      "qwen3": lambda: {"q/k norm scales": (_with(params, q_norm=ones, k_norm=ones), cfg)},
+      "gpt_neox": lambda: {
+          "full rotary": (params, cfg.replace(rotary_dim=0)),
+          "sequential residual": (params, cfg.replace(parallel_residual=False)),
+          "qkv biases": (_with(params, q_bias=zeros, k_bias=zeros, v_bias=zeros), cfg),
+          "dense bias": (_with(params, o_bias=zeros), cfg)},
+  }.get(name, dict)()
+  base = our_logits(params, cfg)
+  for detail, (p, c) in variants.items():
+    assert np.abs(our_logits(p, c) - base).max() > 0.05, detail
