@@ -1,8 +1,10 @@
 """Sharding rules, sharded steps equal to one device, fsdp memory, memory planning against XLA,
-two processes on jax.distributed equal to one, SIGTERM checkpoint-and-resume."""
+two processes on jax.distributed equal to one (and, killed by SIGKILL and relaunched, to their
+uninterrupted run), SIGTERM checkpoint-and-resume."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+import chaos  # tests/chaos.py
 from conftest import ROOT
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import sharding_rules
@@ -177,6 +180,18 @@ def _run(cmd, env, timeout=600):
   return proc
 
 
+# Adam's eps above float32 rounding, so the one- and two-process runs' last-bit differences stay
+# last-bit.
+MULTIPROCESS_ARGS = ["--config", "configs/tldr_sim.py:tiny", "--config.task=pipeline",
+                     "--config.rm.eps=1e-4", "--config.ppo.eps=1e-4"]
+
+
+def _two_processes(*args: str) -> list[str]:
+  """launch/multiprocess.py's command for `args` as 2 processes x 2 CPU devices."""
+  return [sys.executable, "launch/multiprocess.py", "--processes", "2", "--devices_per_process",
+          "2", "--timeout", "500", "--", *args]
+
+
 @pytest.fixture(scope="module")
 def one_and_two_processes(tiny_pipeline, tmp_path_factory):
   """RM then PPO from the tiny pipeline's SFT and labels: one process with 4 devices (A), and
@@ -188,15 +203,12 @@ def one_and_two_processes(tiny_pipeline, tmp_path_factory):
     dirs[name] = str(root / name)
     shutil.copytree(source, dirs[name], ignore=shutil.ignore_patterns("rm", "ppo", "eval",
                                                                         "best_of_n"))
-  # Adam's eps above float32 rounding, so both runs' last-bit differences stay last-bit.
-  args = ["--config", "configs/tldr_sim.py:tiny", "--config.task=pipeline",
-          "--config.stages=rm,ppo", "--config.rm.eps=1e-4", "--config.ppo.eps=1e-4"]
+  args = [*MULTIPROCESS_ARGS, "--config.stages=rm,ppo"]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   one = {**env, "XLA_FLAGS": " ".join([env.get("XLA_FLAGS", ""),
                                        "--xla_force_host_platform_device_count=4"]).strip()}
   _run([sys.executable, "-m", "rlhfjax.main", *args, "--workdir", dirs["A"]], one)
-  two = _run([sys.executable, "launch/multiprocess.py", "--processes", "2", "--devices_per_process", "2",
-              "--timeout", "500", "--", *args, "--workdir", dirs["B"]], env)
+  two = _run(_two_processes(*args, "--workdir", dirs["B"]), env)
   return dirs, two.stdout
 
 
@@ -220,6 +232,26 @@ def test_two_processes_match_one_and_their_checkpoints_restore_in_one(one_and_tw
   sft = exps["A"]
   from rlhfjax.algorithms import sft as sft_lib
   assert _max_diff(sft_lib.load_policy(sft), policies["A"]) > 1e-4  # PPO moved the policy.
+
+
+def test_two_processes_killed_mid_run_resume_to_the_uninterrupted_run(one_and_two_processes,
+                                                                       tmp_path):
+  """Both processes of a two-process PPO run (and their launcher) killed by SIGKILL once its first
+  checkpoint is written, the same command relaunched: it resumes, and ends with the uninterrupted
+  two-process run's (B's) outputs, metrics and last checkpoint, bit for bit."""
+  dirs, _ = one_and_two_processes
+  workdir = str(tmp_path / "C")
+  chaos.copy_needs(dirs["B"], workdir, "ppo")  # B's SFT, labels and reward model.
+  # A checkpoint after every step (B saved only its last, step 4): the kill lands mid-run.
+  cmd = _two_processes(*MULTIPROCESS_ARGS, "--config.stages=ppo", "--config.checkpoint.every=1",
+                       "--workdir", workdir)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  saved = chaos.kill_after_checkpoint(cmd, workdir, "ppo", env=env)
+  assert saved is not None and saved < 4, saved
+  rerun = _run(cmd, env)
+  resumed = re.search(r"resuming from step (\d+)", rerun.stdout)
+  assert resumed and saved <= int(resumed.group(1)) < 4, rerun.stdout[-3000:]
+  assert chaos.differences(dirs["B"], workdir, only=("ppo",)) == []
 
 
 # --- SIGTERM -------------------------------------------------------------------------------------
