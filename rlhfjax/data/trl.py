@@ -174,9 +174,12 @@ def parse(row: Mapping[str, Any], columns: Mapping[str, str] | None = None) -> R
   row = rename(row, columns)
   kind = kind_of(k for k, v in row.items() if k in FIELDS)
   if not kind:
-    raise ValueError(f"not a TRL record: it has none of {', '.join(FIELDS)} (it has: "
-                     f"{', '.join(sorted(map(str, row))) or 'nothing'}; map yours with "
-                     "data.columns)")
+    present = [k for k in FIELDS if k in row]
+    raise ValueError("not a TRL record: " + (
+        f"{', '.join(present)} alone make no TRL type" if present else
+        f"it has none of {', '.join(FIELDS)}") + f" (its columns: "
+        f"{', '.join(sorted(map(str, row))) or 'none'}; a preference row needs chosen and "
+        "rejected; map other names with data.columns)")
   used = {PREFERENCE: ("prompt", "chosen", "rejected"), UNPAIRED: ("prompt", "completion", "label"),
           PROMPT_COMPLETION: ("prompt", "completion"), PROMPT_ONLY: ("prompt",),
           LANGUAGE_MODELING: ("messages",) if "messages" in row else ("text",)}[kind]
