@@ -276,3 +276,14 @@ def test_chat_response_refuses_a_template_that_rewrites_the_prompt(tok):
                        "{% for m in messages %}{{ m['content'] }}{% endfor %}")
   with pytest.raises(ConfigError, match="does not start with the template"):
     chat.response_string(odd, [("user", "Hi")], "Hello")
+
+
+def test_file_splits_hold_out_and_sft_learns_only_responses(tmp_path):
+  rows = [{"prompt": f"Q{i}", "completion": f" A{i}", "label": i % 2 == 0} for i in range(6)]
+  path = fx.write_jsonl(str(tmp_path / "u.jsonl"), rows)
+  splits = loading.load_splits({"source": "files", "train_file": path, "validation": 2, "test": 1,
+                                "columns": {"prompt": "", "completion": ""}})
+  assert [e.prompt for e in splits["unlabeled"]] == ["Q0", "Q1", "Q2", "Q3"]
+  assert [e.reference for e in splits["sft"]] == [" A0", " A2"]  # Desirable completions only.
+  assert [e.prompt for e in splits["validation"]] == ["Q4", "Q5"]
+  assert [e.prompt for e in splits["test"]] == ["Q4"]

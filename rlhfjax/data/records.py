@@ -50,7 +50,8 @@ from rlhfjax.data import tables
 from rlhfjax.data import trl
 
 
-@dataclasses.dataclass(frozen=True)
+# Slots: a large file's records hold no dict each (docs/data.md, memory).
+@dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
   """`choice` is 0 when `response_a` is preferred, 1 when `response_b` is."""
 
@@ -261,7 +262,7 @@ def preferred(records: Sequence[Comparison]) -> list[tuple[str, str]]:
           for c in records]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Feedback:
   """One response judged alone: `label` is True when it is desirable (a thumbs up)."""
 

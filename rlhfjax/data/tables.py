@@ -35,7 +35,7 @@ T = TypeVar("T")
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET, ARROW, JSON = "parquet", "arrow", "json"
-_BATCH_ROWS = 8192  # Rows per batch converted to Python at a time (a row group may hold more).
+_BATCH_ROWS = 4096  # Rows per batch converted to Python at a time (a row group may hold more).
 
 
 def _natural(path: str) -> list:
@@ -135,17 +135,6 @@ def _batches(reader: Any, kind: str) -> Iterator[Any]:
     yield from reader
 
 
-def columns(path: str) -> list[str]:
-  """The column names of the first file `path` names (for Parquet and Arrow: from the schema;
-  for JSON: the keys of the first row)."""
-  first, kind = files(path)[0]
-  if kind == JSON:
-    rows, _ = jsonl.read_any(first, lambda r: r)
-    return list(rows[0]) if rows else []
-  return list(_open(first, kind).schema_arrow.names if kind == PARQUET
-              else _open(first, kind).schema.names)
-
-
 def check(path: str) -> None:
   """Resolves `path` and opens each of its Parquet and Arrow files (footer, schema): a DataError
   (or FileNotFoundError) when any cannot be read at all."""
@@ -169,13 +158,15 @@ def read(path: str, parse: Callable[[dict[str, Any]], T]) -> tuple[list[T], list
     index = 0
     try:
       for batch in _batches(readers.pop(p), kind):
-        for row in batch.to_pylist():
+        rows = batch.to_pylist()
+        del batch
+        for row in rows:
           try:
             items.append(parse(row))
           except ValueError as e:
             problems.append(f"{p}: row {index + 1} (index {index}): {e}")
           index += 1
-        del batch
+        del rows
     except (OSError, _pyarrow().ArrowException) as e:
       reason = " ".join(str(e).split())[:200]
       raise DataError(f"{p}: unreadable after row {index} ({reason}): the file looks truncated "

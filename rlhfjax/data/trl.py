@@ -45,7 +45,7 @@ ASSISTANT = "assistant"
 Message = tuple[str, str]  # (role, content)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Row:
   """One TRL row. Standard: `prompt` and the responses are the texts as given (TRL concatenates
   prompt and completion as they are). Conversational: `messages` is the prompt conversation (every
@@ -67,8 +67,11 @@ class Row:
 
   @property
   def reference(self) -> str:
-    """The response a supervised step learns: chosen, or the completion ("" for prompt-only)."""
-    return self.chosen if self.type == PREFERENCE else self.completion
+    """The response a supervised step learns: chosen, or the completion if desirable ("" for
+    prompt-only rows and undesirable completions)."""
+    if self.type == PREFERENCE:
+      return self.chosen
+    return "" if self.label is False else self.completion
 
 
 def is_messages(value: Any) -> bool:
@@ -136,10 +139,10 @@ def _final_turn(prompt: list[Message], completion: list[Message], name: str,
   return tuple(prompt), completion[-1][1]
 
 
-def rename(row: Mapping[str, Any], columns: Mapping[str, str] | None) -> dict[str, Any]:
+def rename(row: Mapping[str, Any], columns: Mapping[str, str] | None) -> Mapping[str, Any]:
   """`row` with the file's columns renamed to TRL's names (`columns`: TRL name -> file column)."""
   if not columns:
-    return dict(row)
+    return row  # Only read, never changed.
   out = dict(row)
   for field, column in columns.items():
     if field not in FIELDS:

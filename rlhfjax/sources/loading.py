@@ -100,8 +100,8 @@ def read_examples(path: str, columns: Mapping[str, str] | None = None
 
 
 def file_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
-  """`data.source='files'`: the rows of `data.train_file` serve SFT, the preference prompts and the
-  RL prompts alike (as the Reddit TL;DR datasets do); `data.test_file` (or, without one, the last
+  """`data.source='files'`: the rows of `data.train_file` serve SFT (those with a response to
+  learn), the preference prompts and the RL prompts alike (as the Reddit TL;DR datasets do); `data.test_file` (or, without one, the last
   `data.validation` rows of the training file, held out) is the validation and the test split,
   cut to `data.validation` and `data.test` rows."""
   path = str(cfg.get("train_file", ""))
@@ -118,7 +118,8 @@ def file_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
       raise ConfigError(f"data.validation ({n_val}) leaves none of the {len(train)} rows of "
                         f"{path} to train on; lower it or give data.test_file")
     held, train = train[len(train) - n_val:], train[:len(train) - n_val]
-  return {"sft": train, "pref": train, "unlabeled": train, "validation": held[:n_val or None],
+  # SFT learns the rows with a response to learn (chosen, a completion, a desirable completion).
+  return {"sft": [e for e in train if e.reference] or train, "pref": train, "unlabeled": train, "validation": held[:n_val or None],
           "test": held[:n_test or None]}
 
 
