@@ -12,9 +12,9 @@ unzip its JSON Lines files, so that data/hh-rlhf/<subset>/{train,test}.jsonl exi
 Each row is `{"chosen": "\\n\\nHuman: ... \\n\\nAssistant: ...", "rejected": ...}`: two whole
 transcripts. The prompt is split off where they first differ (TRL's `extract_prompt`, docs/data.md),
 so every earlier turn is prompt and only the final assistant reply is trained and scored. The glob
-reads every subset (helpful-base, harmless-base, helpful-online, helpful-rejection-sampled,
-red-team-attempts has another layout and is named row by row as malformed: leave it out with
-a narrower glob, e.g. data/hh-rlhf/helpful-*/train.jsonl).
+reads the four preference subsets (harmless-base, helpful-base, helpful-online,
+helpful-rejection-sampled; red-team-attempts has other files and another layout); a narrower glob,
+e.g. data/hh-rlhf/helpful-*/train.jsonl, picks some.
 
 SFT learns the chosen replies; the reward model learns the pairs (rm.layout='trl'); PPO samples
 replies to the training prompts against it; DPO learns the same pairs; task=kto learns them

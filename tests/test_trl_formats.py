@@ -287,3 +287,16 @@ def test_file_splits_hold_out_and_sft_learns_only_responses(tmp_path):
   assert [e.reference for e in splits["sft"]] == [" A0", " A2"]  # Desirable completions only.
   assert [e.prompt for e in splits["validation"]] == ["Q4", "Q5"]
   assert [e.prompt for e in splits["test"]] == ["Q4"]
+
+
+def test_arrow_file_format_and_a_single_arrow_file(tmp_path):
+  """An Arrow IPC *file* (not a stream) and one `.arrow` shard named directly read the same."""
+  import pyarrow as pa
+  table = pa.Table.from_pylist(fx.tldr_rows(5), fx.TLDR_SCHEMA)
+  path = str(tmp_path / "tldr.arrow")
+  with pa.ipc.new_file(path, table.schema) as w:
+    w.write_table(table, max_chunksize=2)
+  disk = fx.write_save_to_disk(str(tmp_path / "disk"), fx.tldr_rows(5), fx.TLDR_SCHEMA)
+  shard = os.path.join(disk, "data-00000-of-00001.arrow")
+  assert records.read(path, "trl") == records.read(shard, "trl") == records.read(disk, "trl")
+  assert len(records.read(path, "trl")[0]) == 5
