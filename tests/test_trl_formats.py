@@ -300,3 +300,14 @@ def test_arrow_file_format_and_a_single_arrow_file(tmp_path):
   shard = os.path.join(disk, "data-00000-of-00001.arrow")
   assert records.read(path, "trl") == records.read(shard, "trl") == records.read(disk, "trl")
   assert len(records.read(path, "trl")[0]) == 5
+
+
+def test_a_dataset_dict_directory_names_its_splits(tmp_path):
+  root = tmp_path / "dd"
+  fx.write_save_to_disk(str(root / "train"), fx.tldr_rows(3), fx.TLDR_SCHEMA)
+  fx.write_save_to_disk(str(root / "test"), fx.tldr_rows(2), fx.TLDR_SCHEMA)
+  (root / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
+  with pytest.raises(DataError, match=r"a DatasetDict saved to disk; name one of its splits' "
+                     r"directories \(test, train\)"):
+    records.read(str(root), "trl")
+  assert len(records.read(str(root / "train"), "trl")[0]) == 3

@@ -5,7 +5,8 @@ A path names, as a Hugging Face Hub download or `datasets` leaves them:
   Arrow IPC stream `.arrow` (what `Dataset.save_to_disk` writes);
 - a directory of Parquet shards (`data/train-00000-of-00003.parquet`, ... searched recursively), of
   JSON Lines files, or a `save_to_disk` directory (`data-0000N-of-0000M.arrow` beside
-  `dataset_info.json` and `state.json`, whose `_data_files` gives the shards' order);
+  `dataset_info.json` and `state.json`, whose `_data_files` gives the shards' order; of a
+  DatasetDict, one split's directory);
 - a glob (`data/train-*.parquet`).
 Shards are read in natural order (`-2-` before `-10-`), and rows keep their order.
 
@@ -35,7 +36,9 @@ T = TypeVar("T")
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET, ARROW, JSON = "parquet", "arrow", "json"
-_BATCH_ROWS = 4096  # Rows per batch converted to Python at a time (a row group may hold more).
+_BATCH_ROWS = 4096
+# What `datasets` writes beside the data, never rows.
+_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json", "dataset_infos.json")  # Rows per batch converted to Python at a time (a row group may hold more).
 
 
 def _natural(path: str) -> list:
@@ -85,12 +88,17 @@ def files(path: str) -> list[tuple[str, str]]:
       raise DataError(f"{path}: no file matches this pattern")
     return [(p, _kind(p)) for p in found]
   if os.path.isdir(path):
+    splits = os.path.join(path, "dataset_dict.json")
+    if os.path.exists(splits):  # A DatasetDict's save_to_disk: one directory per split.
+      names = sorted(n for n in os.listdir(path) if os.path.isdir(os.path.join(path, n)))
+      raise DataError(f"{path}: a DatasetDict saved to disk; name one of its splits' directories "
+                      f"({', '.join(names)})")
     arrows = _save_to_disk_files(path)
     if arrows:
       return [(p, ARROW) for p in arrows]
     for suffixes, kind in (((".parquet",), PARQUET), (JSON_SUFFIXES, JSON)):
       found = sorted((os.path.join(root, n) for root, _, names in os.walk(path) for n in names
-                      if n.lower().endswith(suffixes)), key=_natural)
+                      if n.lower().endswith(suffixes) and n not in _METADATA), key=_natural)
       if found:
         return [(p, kind) for p in found]
     raise DataError(f"{path}: a directory with no .parquet, .arrow, .jsonl or .json file")
