@@ -206,8 +206,9 @@ def test_binary_layout_round_trip_and_trl_rows(tmp_path, name):
     ({**BINARY_ROW, "label": None}, "'label' must be true or false, got null"),
     ({"prompt": "p", "completion": "c"}, "missing field 'label'"),
     ({"prompt": "p", "label": False}, "missing field 'completion'"),
+    # TRL's conversational format is read (tests/test_trl_formats.py), but not half of it.
     ({**BINARY_ROW, "prompt": [{"role": "user", "content": "Hi"}]},
-     "field 'prompt' is a list of messages (TRL's conversational format): give its text"),
+     "field 'completion' must be a non-empty list of messages"),
     ({**BINARY_ROW, "completion": 3}, "field 'completion' has type int"),
 ])
 def test_binary_layout_is_strict_and_names_the_line(tmp_path, row, reason):

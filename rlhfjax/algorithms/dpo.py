@@ -136,7 +136,8 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   if c.loss_type not in LOSSES:
     raise ConfigError(f"{task}.loss_type must be one of {LOSSES}, got {c.loss_type!r}")
   files = reward_model.comparison_files(exp)
-  comps = reward_model.load_comparisons(files["train"], config.rm.layout)
+  comps = reward_model.load_comparisons(files["train"], config.rm.layout,
+                                        columns=reward_model.columns(exp))
   data = pipeline.encode_comparisons(exp.tokenizer, comps, fmt.prompt_len, fmt.response_len)
   steps = int(c.epochs * len(comps)) // c.batch_size
   if steps <= 0:

@@ -20,7 +20,7 @@ from rlhfjax.training import experiment
 def run(config, workdir: str) -> Any:
   exp = experiment.prepare(config, workdir)
   comps = reward_model.load_comparisons(reward_model.comparison_files(exp)["train"],
-                                        config.rm.layout)
+                                        config.rm.layout, columns=reward_model.columns(exp))
   chosen = [c for c, _ in records.preferred(comps)]
   data = pipeline.encode_targets(exp.tokenizer, pipeline.posts_of(comps), chosen,
                                  config.format.prompt_len, config.format.response_len)

@@ -133,12 +133,14 @@ def balance(n_desirable: int, n_undesirable: int, desirable_weight: float,
           f"[{u / BALANCE[1]:.2f}, {u / BALANCE[0]:.2f}]")
 
 
-def _binary_file(path: str) -> list[records.Feedback]:
-  """The good records of a binary-layout file; the malformed ones are left out and named."""
-  if not os.path.exists(path):
+def _binary_file(path: str, layout: str = records.BINARY,
+                 columns: dict[str, str] | None = None) -> list[records.Feedback]:
+  """The good records of a file of binary feedback (`kto.layout`: 'binary' or TRL's unpaired
+  'trl'; any file `records.read_binary` takes); the malformed ones are left out and named."""
+  if not os.path.exists(path) and not any(ch in path for ch in "*?["):
     raise FileNotFoundError(f"binary feedback file not found: {path} (run task=label with "
                             "label.protocol=binary, or set kto.train_file)")
-  items, problems = records.read_binary(path)
+  items, problems = records.read_binary(path, layout, columns if layout == records.TRL else None)
   if not items:
     first = f": {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
     raise DataError(f"{path} holds no binary feedback" + (first if problems else ": it is empty"))
@@ -154,10 +156,11 @@ def load_feedback(exp: experiment.Experiment) -> tuple[list[records.Feedback], s
   c = exp.config.kto
   if c.feedback == "pairs":
     path = reward_model.comparison_files(exp)["train"]
-    return records.unpaired(reward_model.load_comparisons(path, exp.config.rm.layout)), path
+    return records.unpaired(reward_model.load_comparisons(
+        path, exp.config.rm.layout, columns=reward_model.columns(exp))), path
   if c.feedback == "binary":
     path = c.train_file or os.path.join(exp.workdir, "label", "binary_train.jsonl")
-    return _binary_file(path), path
+    return _binary_file(path, c.get("layout", records.BINARY), reward_model.columns(exp)), path
   raise ConfigError(f"kto.feedback must be one of {FEEDBACK}, got {c.feedback!r}")
 
 

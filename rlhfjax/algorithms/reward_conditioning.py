@@ -39,7 +39,7 @@ def run(config, workdir: str) -> Any:
   if not c.positive or c.positive == c.negative:
     raise ConfigError(f"{TASK}.positive and {TASK}.negative must be two different non-empty codes")
   comps = reward_model.load_comparisons(reward_model.comparison_files(exp)["train"],
-                                        config.rm.layout)
+                                        config.rm.layout, columns=reward_model.columns(exp))
   sft_params = sft.load_policy(exp)
   state = sft.train(exp, TASK, conditioned_data(exp, comps, c.positive, c.negative), sft_params)
   outputs.save_policy(exp, TASK, state.params, sft_params, control=c.positive)

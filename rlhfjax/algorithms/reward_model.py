@@ -111,7 +111,7 @@ def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Pos
   """Rewards of `texts` as summaries of `posts`, in fixed-shape batches."""
   fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
   data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
-          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
+          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len, posts=posts)}
   batches = metrics_lib.progress(pipeline.fixed_batches(data, bs), -(-len(texts) // bs), "scoring",
                                  "batch")
   out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in batches]
@@ -136,17 +136,24 @@ def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, s
   return out
 
 
-def load_comparisons(path: str, layout: str, key: str = "",
-                     report: bool = True) -> list[records.Comparison]:
-  """The usable comparisons of `path`: malformed lines are skipped, ties left out, and with
-  `report` (off for a second read of the same file) one line says how many records were read and
-  kept, followed by the malformed ones (file:line). `key` names the config key that chose the
-  file, for the error when nothing decisive is left."""
-  if not os.path.exists(path):
+def columns(exp: experiment.Experiment) -> dict[str, str] | None:
+  """`data.columns`: TRL's field names mapped to a file's columns (layout `trl`), or None."""
+  return dict(exp.config.data.get("columns") or {}) or None
+
+
+def load_comparisons(path: str, layout: str, key: str = "", report: bool = True,
+                     columns: dict[str, str] | None = None) -> list[records.Comparison]:
+  """The usable comparisons of `path` (any file `records.read` takes: JSON Lines, JSON, Parquet,
+  Arrow; a file, a directory of shards or a glob): malformed records are skipped, ties left out,
+  and with `report` (off for a second read of the same file) one line says how many records were
+  read and kept, followed by the malformed ones (file:line or file: row N). `key` names the config
+  key that chose the file, for the error when nothing decisive is left; `columns` maps TRL's
+  names to the file's (layout `trl`)."""
+  if not os.path.exists(path) and not any(ch in path for ch in "*?["):
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
   needs = f"{key} needs at least one pair with a preferred side" if key else ""
-  comps, problems = records.read(path, layout)
+  comps, problems = records.read(path, layout, columns if layout == records.TRL else None)
   if not comps:
     first = f": {problems[0]} (and {len(problems) - 1} more; is the layout {layout!r} right?)" \
         if problems else ": the file is empty" + (f" ({needs})" if needs else "")
@@ -358,8 +365,8 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   c = exp.config.rm
   if c.normalize not in NORMALIZE:
     raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
-  val_comps = load_comparisons(files["valid"], c.layout, "rm.valid_file")
-  train_comps = load_comparisons(files["train"], c.layout, "rm.train_file")
+  val_comps = load_comparisons(files["valid"], c.layout, "rm.valid_file", columns=columns(exp))
+  train_comps = load_comparisons(files["train"], c.layout, "rm.train_file", columns=columns(exp))
   size, why = train_batch_size(exp, len(train_comps), files["train"])
   meta = _meta(exp, files, size)
   model_dir = f"{exp.workdir}/rm/model"

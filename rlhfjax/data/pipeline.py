@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlhfjax.data import chat
 from rlhfjax.data import formats
 from rlhfjax.data import records
 from rlhfjax.data import tokenizer as tokenizer_lib
@@ -55,7 +56,26 @@ class Instruction:
     return self.instruction
 
 
-Example = Tldr | Instruction  # What a split holds.
+@dataclasses.dataclass(frozen=True)
+class Prompted:
+  """A TRL record's prompt (`data/trl.py`) with its reference response: standard (`messages`
+  None: `prompt` is the text the model reads, as the file has it) or conversational (`messages`,
+  every turn before the trained one, go through the chat template; `prompt` is the last user
+  message, for display). `extra` holds the file's other columns (reward functions and reports
+  see them)."""
+  id: str
+  prompt: str
+  messages: tuple[tuple[str, str], ...] | None
+  reference: str
+  extra: Mapping[str, Any] | None = None
+  situation: None = None
+
+  @property
+  def post(self) -> str:
+    return self.prompt
+
+
+Example = Tldr | Instruction | Prompted  # What a split holds.
 
 
 def has_gold(examples: Sequence[object]) -> bool:
@@ -70,6 +90,8 @@ def prompt_text(e: Post | Example) -> str:
   """An example's whole prompt as text (no truncation, no chat frame)."""
   if isinstance(e, Instruction):
     return formats.alpaca_prompt(e.instruction, e.input)
+  if isinstance(e, Prompted):
+    return e.prompt if e.messages is None else "\n".join(c for _, c in e.messages)
   return formats.TLDR_FORMAT.format(subreddit=e.subreddit, title=e.title, post=e.post)
 
 
@@ -87,11 +109,12 @@ class Post(NamedTuple):
 
 
 def posts_of(comparisons: Sequence[records.Comparison | records.Feedback]
-             ) -> list[Post | Instruction]:
-  """The prompt of each comparison (or binary feedback record): an `Instruction` when it has
-  neither subreddit nor title (AlpacaFarm's layout has no such fields, while every TL;DR record
-  names its subreddit), else a TL;DR `Post`."""
-  return [Post(c.id, c.subreddit, c.title, c.prompt) if c.subreddit or c.title
+             ) -> list[Post | Instruction | Prompted]:
+  """The prompt of each comparison (or binary feedback record): a `Prompted` for a TRL record
+  (its `style` set), an `Instruction` when it has neither subreddit nor title (AlpacaFarm's layout
+  has no such fields, while every TL;DR record names its subreddit), else a TL;DR `Post`."""
+  return [Prompted(c.id, c.prompt, c.messages, "", c.extra) if c.style
+          else Post(c.id, c.subreddit, c.title, c.prompt) if c.subreddit or c.title
           else Instruction(c.id, c.prompt, c.input, "") for c in comparisons]
 
 
@@ -100,6 +123,9 @@ def comparison_prompt(e: Post | Example) -> dict[str, str]:
   (`posts_of` reads them back)."""
   if isinstance(e, Instruction):
     return {"id": e.id, "prompt": e.instruction, "input": e.input}
+  if isinstance(e, Prompted):
+    return {"id": e.id, "prompt": e.prompt, "messages": e.messages,
+            "style": records.STANDARD if e.messages is None else records.CONVERSATIONAL}
   return {"id": e.id, "prompt": e.post, "title": e.title, "subreddit": e.subreddit}
 
 
@@ -114,7 +140,13 @@ def prompt_ids(tok: tokenizer_lib.Tokenizer, e: Post | Example, prompt_len: int,
                control: str = "") -> list[int]:
   """An example's prompt in at most `prompt_len` tokens, after `control` if given: the Alpaca prompt
   (`formats.alpaca_prompt`) of an `Instruction`, else the TL;DR prompt, each truncated at sentence
-  boundaries and framed by `tok.prompt_text` (`formats.tldr_prompt`)."""
+  boundaries and framed by `tok.prompt_text` (`formats.tldr_prompt`); a TRL record's prompt as it
+  is or through the chat template, keeping its last tokens (`chat.prompt_ids`; no control code)."""
+  if isinstance(e, Prompted):
+    if control:
+      raise ConfigError("control codes (reward conditioning, Quark) need TL;DR or Alpaca prompts, "
+                        "not TRL records")
+    return chat.prompt_ids(tok, e.prompt, e.messages, prompt_len)
   if isinstance(e, Instruction):
     if e.input:
       return formats.tldr_prompt(tok, "", e.instruction, e.input, prompt_len, control,
@@ -133,8 +165,14 @@ def encode_prompts(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | Example]
 
 
 def encode_responses(tok: tokenizer_lib.Tokenizer, texts: Sequence[str], response_len: int,
-                     name: str = "response") -> Batch:
-  ids = [formats.response_tokens(tok, t, response_len) for t in texts]
+                     name: str = "response", posts: Sequence[Any] | None = None) -> Batch:
+  """Right-padded responses ending in eos (`formats.response_tokens`); given the `posts` they
+  answer, a TRL record's response is its text as it is or its chat template's final assistant
+  turn (`chat.response_ids`)."""
+  posts = [None] * len(texts) if posts is None else posts
+  ids = [chat.response_ids(tok, p.messages, t, response_len) if isinstance(p, Prompted)
+         else formats.response_tokens(tok, t, response_len)
+         for p, t in zip(posts, texts, strict=True)]
   response, response_mask = formats.pad(ids, response_len, tok.pad_id, "right")
   return {name: response, f"{name}_mask": response_mask}
 
@@ -143,16 +181,18 @@ def encode_comparisons(tok: tokenizer_lib.Tokenizer, comparisons: Sequence[recor
                        prompt_len: int, response_len: int) -> Batch:
   """Prompts with the `chosen` and `rejected` responses of each comparison."""
   chosen, rejected = zip(*records.preferred(comparisons)) if comparisons else ((), ())
-  return {**encode_prompts(tok, posts_of(comparisons), prompt_len),
-          **encode_responses(tok, chosen, response_len, "chosen"),
-          **encode_responses(tok, rejected, response_len, "rejected")}
+  posts = posts_of(comparisons)
+  return {**encode_prompts(tok, posts, prompt_len),
+          **encode_responses(tok, chosen, response_len, "chosen", posts),
+          **encode_responses(tok, rejected, response_len, "rejected", posts)}
 
 
 def encode_feedback(tok: tokenizer_lib.Tokenizer, feedback: Sequence[records.Feedback],
                     prompt_len: int, response_len: int) -> Batch:
   """Prompts with each binary feedback record's `response` and `label` (True: desirable)."""
-  return {**encode_prompts(tok, posts_of(feedback), prompt_len),
-          **encode_responses(tok, [f.completion for f in feedback], response_len),
+  posts = posts_of(feedback)
+  return {**encode_prompts(tok, posts, prompt_len),
+          **encode_responses(tok, [f.completion for f in feedback], response_len, posts=posts),
           "label": np.array([f.label for f in feedback], bool)}
 
 
@@ -161,7 +201,7 @@ def encode_targets(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | Example]
                    controls: Sequence[str] | None = None) -> Batch:
   """Prompts (after their control codes, if given) with target responses, for supervised steps."""
   return {**encode_prompts(tok, posts, prompt_len, controls),
-          **encode_responses(tok, texts, response_len)}
+          **encode_responses(tok, texts, response_len, posts=posts)}
 
 
 def encode_sft(tok: tokenizer_lib.Tokenizer, examples: Sequence[Example], prompt_len: int,

@@ -19,16 +19,22 @@ Bradley–Terry training needs a preferred side: `preferred` refuses ties, so ca
 Binary feedback (`Feedback`, what KTO learns from) judges one response alone: desirable or not (a
 thumbs up or down). Its layout, `binary`, is TRL's unpaired preference format: `prompt` (the post or
 the instruction, as a comparison's `prompt`), `completion`, `label` (true: desirable), all three
-required and of exactly these types (a `label` of 0/1 or "true" is refused, and so is TRL's
-conversational format, whose prompt is a list of messages). Optional `id`, `title`, `subreddit`,
+required and of exactly these types (a `label` of 0/1 or "true" is refused); TRL's conversational
+rows (lists of messages) are read as TRL reads them. Optional `id`, `title`, `subreddit`,
 `input`, `annotator`, `policy`, `split`, `batch` and `extra` carry what a comparison record carries.
 `unpaired` turns comparisons into binary feedback as KTO's paper and TRL do: each pair's chosen
 response desirable, its rejected one undesirable.
 
-Every layout is read from JSON Lines (OpenAI's files) or from one JSON array (AlpacaFarm's `.json`
-files), told apart by the file's first non-whitespace byte (`[`: an array). A malformed record is
-reported as `file:line: reason` (JSON Lines) or `file: record N (index N-1): reason` (an array) and
-skipped; every good record is kept. An array that does not parse as a whole (truncated) is a
+A third comparison layout, `trl`, is TRL's preference format (`data/trl.py`): `prompt`, `chosen`,
+`rejected` or an implicit prompt, standard or conversational; its records carry `style` and the
+prompt conversation (`messages`), and `data.columns` maps a file's column names to TRL's.
+
+Every layout is read from JSON Lines (OpenAI's files), one JSON array (AlpacaFarm's `.json` files;
+told apart by the file's first non-whitespace byte, `[`), Parquet (a file, a directory of shards,
+a glob) or a `datasets` save_to_disk directory of Arrow files (`data/tables.py`). A malformed
+record is reported as `file:line: reason` (JSON Lines), `file: record N (index N-1): reason` (an
+array) or `file: row N (index N-1): reason` (Parquet, Arrow) and skipped; every good record is
+kept. An array that does not parse as a whole (truncated) is a
 `DataError` naming the file, line and column. Files are written atomically, as JSON Lines or as one
 indented JSON array (by default: an array when the path ends in `.json`).
 """
@@ -40,9 +46,12 @@ import json
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from rlhfjax.data import jsonl
+from rlhfjax.data import tables
+from rlhfjax.data import trl
 
 
-@dataclasses.dataclass(frozen=True)
+# Slots: a large file's records hold no dict each (docs/data.md, memory).
+@dataclasses.dataclass(frozen=True, slots=True)
 class Comparison:
   """`choice` is 0 when `response_a` is preferred, 1 when `response_b` is."""
 
@@ -66,6 +75,11 @@ class Comparison:
   axes_a: Mapping[str, int] | None = None  # Likert ratings of each response.
   axes_b: Mapping[str, int] | None = None
   extra: Mapping[str, Any] | None = None  # The labeling protocol's other answers.
+  # A TRL record (layout `trl`): "standard" (the prompt and responses are read as they are) or
+  # "conversational" (`messages`, the turns before the trained one, go through the chat template;
+  # the responses are final assistant turns; `prompt` is the last user message); "" otherwise.
+  style: str = ""
+  messages: tuple[tuple[str, str], ...] | None = None
 
 
 def _require(row: dict, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -155,9 +169,50 @@ def to_alpaca(c: Comparison) -> dict:
                     for k, v in optional.items() if v}}
 
 
+STANDARD, CONVERSATIONAL = "standard", "conversational"  # `style` of TRL records.
+TRL = "trl"  # The layout of TRL's preference format (`data/trl.py`).
+
+
+def _messages_out(messages, *turn: tuple[str, str]) -> list[dict[str, str]]:
+  return [{"role": r, "content": c} for r, c in (*messages, *turn)]
+
+
+def _trl_id(extra: Mapping[str, Any] | None) -> str:
+  for key in ("id", "prompt_id"):
+    if extra and isinstance(extra.get(key), (str, int)) and not isinstance(extra.get(key), bool):
+      return str(extra[key])
+  return ""
+
+
+def from_trl(row: dict, columns: Mapping[str, str] | None = None) -> Comparison:
+  """A TRL preference row (standard or conversational, explicit or implicit prompt; `columns`
+  maps TRL's names to the file's): the chosen response is `response_a`."""
+  r = trl.parse(row, columns)
+  if r.type != trl.PREFERENCE:
+    raise ValueError(f"a {r.type.replace('_', '-')} record, not a preference one (chosen and "
+                     "rejected)")
+  return Comparison(prompt=r.prompt, response_a=r.chosen, response_b=r.rejected, choice=0,
+                    id=_trl_id(r.extra), extra=r.extra,
+                    style=CONVERSATIONAL if r.conversational else STANDARD, messages=r.messages)
+
+
+def to_trl(c: Comparison) -> dict:
+  """TRL's preference row of `c` (explicit prompt), with its extra columns."""
+  chosen, rejected = (c.response_a, c.response_b) if c.choice == 0 else (c.response_b,
+                                                                        c.response_a)
+  if c.messages is not None:
+    row = {"prompt": _messages_out(c.messages),
+           "chosen": _messages_out((), (trl.ASSISTANT, chosen)),
+           "rejected": _messages_out((), (trl.ASSISTANT, rejected))}
+  else:
+    row = {"prompt": c.prompt, "chosen": chosen, "rejected": rejected}
+  return {**dict(c.extra or {}), **row}
+
+
 LAYOUTS: dict[str, tuple[Callable[[dict], Comparison], Callable[[Comparison], dict]]] = {
     "openai": (from_openai, to_openai),
     "alpaca": (from_alpaca, to_alpaca),
+    TRL: (from_trl, to_trl),
 }
 
 
@@ -167,14 +222,23 @@ def _layout(name: str):
   return LAYOUTS[name]
 
 
-def read(path: str, layout: str) -> tuple[list[Comparison], list[str]]:
-  """All good records of a JSON Lines or JSON array file, and one problem per malformed record."""
-  return jsonl.read_any(path, _layout(layout)[0])
+def read(path: str, layout: str, columns: Mapping[str, str] | None = None
+         ) -> tuple[list[Comparison], list[str]]:
+  """All good records of `path` (JSON Lines, a JSON array, Parquet, Arrow: a file, a directory of
+  shards or a glob, `tables.files`), and one problem per malformed record. `columns` (layout
+  `trl` only) maps TRL's field names to the file's columns."""
+  parse = _layout(layout)[0]
+  if columns and layout != TRL:
+    raise ValueError(f"column mapping is for the {TRL!r} layout, not {layout!r}")
+  if layout == TRL:
+    return tables.read(path, lambda row: from_trl(row, columns))
+  return tables.read(path, parse)
 
 
-def read_strict(path: str, layout: str) -> list[Comparison]:
+def read_strict(path: str, layout: str, columns: Mapping[str, str] | None = None
+                ) -> list[Comparison]:
   """Like `read`, but a malformed record is a `DataError` naming the file and the first bad one."""
-  return jsonl.strict(*read(path, layout))
+  return jsonl.strict(*read(path, layout, columns))
 
 
 def write(path: str, records: Iterable[Comparison], layout: str,
@@ -198,7 +262,7 @@ def preferred(records: Sequence[Comparison]) -> list[tuple[str, str]]:
           for c in records]
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Feedback:
   """One response judged alone: `label` is True when it is desirable (a thumbs up)."""
 
@@ -214,6 +278,8 @@ class Feedback:
   input: str = ""  # AlpacaFarm's optional instruction input.
   batch: str = ""
   extra: Mapping[str, Any] | None = None
+  style: str = ""  # As `Comparison.style` and `messages`.
+  messages: tuple[tuple[str, str], ...] | None = None
 
 
 BINARY = "binary"  # The layout of `Feedback`: TRL's unpaired preference format.
@@ -227,7 +293,24 @@ def _text(row: dict, key: str) -> str:
   return _require(row, key, str)
 
 
+def _feedback_of(r: trl.Row) -> Feedback:
+  if r.type != trl.UNPAIRED:
+    raise ValueError(f"a {r.type.replace('_', '-')} record, not unpaired preference (prompt, "
+                     "completion, label)")
+  return Feedback(prompt=r.prompt, completion=r.completion, label=bool(r.label),
+                  id=_trl_id(r.extra), extra=r.extra,
+                  style=CONVERSATIONAL if r.conversational else STANDARD, messages=r.messages)
+
+
+def from_trl_binary(row: dict, columns: Mapping[str, str] | None = None) -> Feedback:
+  """A TRL unpaired preference row, standard (prompt and completion read as they are) or
+  conversational."""
+  return _feedback_of(trl.parse(row, columns))
+
+
 def from_binary(row: dict) -> Feedback:
+  if trl.is_messages(row.get("prompt")):  # TRL's conversational format.
+    return _feedback_of(trl.parse(row))
   prompt, completion = _text(row, "prompt"), _text(row, "completion")
   if "label" not in row:
     raise ValueError("missing field 'label'")
@@ -241,6 +324,9 @@ def from_binary(row: dict) -> Feedback:
 
 
 def to_binary(f: Feedback) -> dict:
+  if f.messages is not None:
+    return {**dict(f.extra or {}), "prompt": _messages_out(f.messages),
+            "completion": _messages_out((), (trl.ASSISTANT, f.completion)), "label": f.label}
   row = {"prompt": f.prompt, "completion": f.completion, "label": f.label}
   optional = {**{k: getattr(f, k) for k in _BINARY_TEXT},
               "split": f.split if f.split != "train" else "", "extra": f.extra}
@@ -248,15 +334,29 @@ def to_binary(f: Feedback) -> dict:
                     for k, v in optional.items() if v}}
 
 
-def read_binary(path: str) -> tuple[list[Feedback], list[str]]:
-  """All good records of a binary-layout file (JSON Lines or one JSON array), and one problem per
-  malformed record (`file:line: reason`)."""
-  return jsonl.read_any(path, from_binary)
+BINARY_LAYOUTS = (BINARY, TRL)
 
 
-def read_binary_strict(path: str) -> list[Feedback]:
+def read_binary(path: str, layout: str = BINARY, columns: Mapping[str, str] | None = None
+                ) -> tuple[list[Feedback], list[str]]:
+  """All good records of a file of binary feedback (any file `read` takes), and one problem per
+  malformed record (`file:line: reason`). Layout `binary`: a standard prompt is a post or an
+  instruction, framed as TL;DR or Alpaca prompts are; `trl`: TRL's unpaired rows, whose standard
+  prompt is read as it is (and `columns` maps TRL's names to the file's). A conversational row is
+  TRL's in either."""
+  if layout not in BINARY_LAYOUTS:
+    raise ValueError(f"unknown binary feedback layout {layout!r} (available: "
+                     f"{', '.join(BINARY_LAYOUTS)})")
+  if layout == TRL:
+    return tables.read(path, lambda row: from_trl_binary(row, columns))
+  if columns:
+    raise ValueError(f"column mapping is for the {TRL!r} layout, not {layout!r}")
+  return tables.read(path, from_binary)
+
+
+def read_binary_strict(path: str, layout: str = BINARY) -> list[Feedback]:
   """Like `read_binary`, but a malformed record is a `DataError` naming the first bad one."""
-  return jsonl.strict(*read_binary(path))
+  return jsonl.strict(*read_binary(path, layout))
 
 
 def write_binary(path: str, records: Iterable[Feedback], as_array: bool | None = None) -> None:
@@ -271,7 +371,8 @@ def unpaired(records: Sequence[Comparison]) -> list[Feedback]:
   out = []
   for c, texts in zip(records, preferred(records)):
     shared = dict(prompt=c.prompt, annotator=c.annotator, split=c.split, id=c.id, title=c.title,
-                  subreddit=c.subreddit, input=c.input, batch=c.batch)
+                  subreddit=c.subreddit, input=c.input, batch=c.batch, style=c.style,
+                  messages=c.messages, extra=c.extra)
     policies = (c.policy_a, c.policy_b) if c.choice == 0 else (c.policy_b, c.policy_a)
     out += [Feedback(completion=text, label=label, policy=policy, **shared)
             for text, label, policy in zip(texts, (True, False), policies)]

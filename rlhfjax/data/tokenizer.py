@@ -43,6 +43,9 @@ class Tokenizer:
     self.bos_id = self._sp.bos_id()
     if self.pad_id < 0 or self.pad_id == self.eos_id:
       raise ValueError("tokenizer must define a pad id distinct from eos")
+    # A Jinja chat template (`format.chat_template`); none by default: a model trained here has
+    # no chat format of its own.
+    self.chat_template = ""
 
   @property
   def vocab_size(self) -> int:
@@ -65,6 +68,16 @@ class Tokenizer:
   def response_text(self, text: str) -> str:
     """How a response follows its prompt: after a space, as a TL;DR follows "TL;DR:"."""
     return " " + text
+
+  def chat(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """`messages` in `chat_template`, rendered as transformers renders templates."""
+    if not self.chat_template:
+      raise ValueError("this tokenizer has no chat template (set format.chat_template)")
+    import jinja2  # pylint: disable=g-import-not-at-top
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(self.chat_template).render(
+        messages=list(messages), add_generation_prompt=add_generation_prompt,
+        bos_token=self._sp.id_to_piece(self.bos_id), eos_token=self._sp.id_to_piece(self.eos_id))
 
   def save(self, path: str) -> None:
     """Writes the `.model` file atomically."""

@@ -74,8 +74,9 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
-  val_comps = reward_model.load_comparisons(files["valid"], c.layout, report=False)
-  train_comps = reward_model.load_comparisons(files["train"], c.layout, report=False)
+  cols = reward_model.columns(exp)
+  val_comps = reward_model.load_comparisons(files["valid"], c.layout, report=False, columns=cols)
+  train_comps = reward_model.load_comparisons(files["train"], c.layout, report=False, columns=cols)
   # Training accuracy on as many training pairs as there are held-out ones.
   train_pref, train_labels, _ = _judge(params, exp, train_comps[:len(val_comps)])
   rm_pref, labels, margin = _judge(params, exp, val_comps)
@@ -146,9 +147,9 @@ def sft_log_probs(params: Any, exp: experiment.Experiment,
   """Total and mean per-token log-probability of each of `texts` under the SFT policy; `texts`
   holds one or more responses per post, in blocks of `len(posts)`."""
   fmt = exp.config.format
-  data = {**pipeline.encode_prompts(exp.tokenizer, list(posts) * (len(texts) // len(posts)),
-                                    fmt.prompt_len),
-          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len)}
+  posts = list(posts) * (len(texts) // len(posts))
+  data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
+          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len, posts=posts)}
   total, count = [], []
   for b, k in pipeline.fixed_batches(data, exp.config.rm.eval_batch_size):
     total.append(to_host(_logp_fn(params, b, exp.model)).sum(-1)[:k])

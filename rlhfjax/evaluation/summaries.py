@@ -35,9 +35,9 @@ def rouge_l(predictions: Sequence[str], references: Sequence[str]) -> np.ndarray
 
 def baseline_summaries(examples: Sequence[pipeline.Example]) -> dict[str, list[str]]:
   """The reference and, for posts, the extractive baselines (title, lead-1, lead-2) of each
-  example."""
+  example (instructions and TRL records have none)."""
   out = {"reference": [e.reference for e in examples]}
-  if any(isinstance(e, pipeline.Instruction) for e in examples):
+  if any(isinstance(e, (pipeline.Instruction, pipeline.Prompted)) for e in examples):
     return out
   rows = [world.extractive_baselines(e) for e in examples]
   for name in rows[0]:

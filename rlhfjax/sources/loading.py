@@ -6,13 +6,16 @@ TFDS dataset built from local files (`sources/tfds_builders.py`).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping
 
 import jax
 from jax.experimental import multihost_utils
 
 from rlhfjax.data import pipeline
-from rlhfjax.errors import ConfigError
+from rlhfjax.data import tables
+from rlhfjax.data import trl
+from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.simulated import world
 from rlhfjax.sources import tfds_builders
 
@@ -63,7 +66,61 @@ def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
     return world.make_splits(int(cfg["seed"]), sizes, float(cfg["reference_noise"]))
   if source == "tfds":
     return _tfds_splits(cfg)
-  raise ConfigError(f"data.source: unknown source {source!r} (available: 'sim_tldr', 'tfds')")
+  if source == FILES:
+    return file_splits(cfg)
+  raise ConfigError(f"data.source: unknown source {source!r} (available: 'sim_tldr', 'tfds', "
+                    f"{FILES!r})")
+
+
+FILES = "files"  # data.source of TRL-format files (`data/trl.py`).
+
+
+def columns_of(cfg: Mapping[str, Any]) -> dict[str, str] | None:
+  """`data.columns` with its empty entries left out (TRL's name is the file's), or None."""
+  cols = {k: str(v) for k, v in dict(cfg.get("columns") or {}).items() if v}
+  return cols or None
+
+
+def read_examples(path: str, columns: Mapping[str, str] | None = None
+                  ) -> list[pipeline.Prompted]:
+  """The rows of a TRL-format file (any type: its prompt, and its chosen response or completion as
+  the reference) as `pipeline.Prompted` examples; a malformed row is logged (file, row, reason)
+  and skipped, and a file with no good row is a DataError."""
+  rows, problems = tables.read(path, lambda row: trl.parse(row, columns))
+  for p in problems[:20]:
+    logging.warning("%s (skipped)", p)
+  if len(problems) > 20:
+    logging.warning("... and %d more malformed rows in %s", len(problems) - 20, path)
+  if not rows:
+    raise DataError(f"{path} holds no usable rows" + (
+        f": {problems[0]} (and {len(problems) - 1} more)" if problems else ": it is empty"))
+  ids = [str((r.extra or {}).get("id") or (r.extra or {}).get("prompt_id") or "") for r in rows]
+  return [pipeline.Prompted(i or f"{path}#{n}", r.prompt, r.messages, r.reference, r.extra)
+          for n, (i, r) in enumerate(zip(ids, rows))]
+
+
+def file_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
+  """`data.source='files'`: the rows of `data.train_file` serve SFT (those with a response to
+  learn), the preference prompts and the RL prompts alike (as the Reddit TL;DR datasets do); `data.test_file` (or, without one, the last
+  `data.validation` rows of the training file, held out) is the validation and the test split,
+  cut to `data.validation` and `data.test` rows."""
+  path = str(cfg.get("train_file", ""))
+  if not path:
+    raise ConfigError("data.train_file: data.source='files' needs a file, a directory of shards "
+                      "or a glob of TRL-format rows")
+  columns = columns_of(cfg)
+  train = read_examples(path, columns)
+  n_val, n_test = int(cfg.get("validation", 0)), int(cfg.get("test", 0))
+  if cfg.get("test_file"):
+    held = read_examples(str(cfg["test_file"]), columns)
+  else:
+    if n_val >= len(train):
+      raise ConfigError(f"data.validation ({n_val}) leaves none of the {len(train)} rows of "
+                        f"{path} to train on; lower it or give data.test_file")
+    held, train = train[len(train) - n_val:], train[:len(train) - n_val]
+  # SFT learns the rows with a response to learn (chosen, a completion, a desirable completion).
+  return {"sft": [e for e in train if e.reference] or train, "pref": train, "unlabeled": train, "validation": held[:n_val or None],
+          "test": held[:n_test or None]}
 
 
 def alpaca_config(seed: int, sizes: Mapping[str, int]) -> Any:

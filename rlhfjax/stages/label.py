@@ -72,7 +72,8 @@ def to_records(examples: Sequence[pipeline.Example], a: Sequence[str], b: Sequen
 
 def layout_of(exp: experiment.Experiment, examples: Sequence[pipeline.Example]) -> str:
   """The comparison layout that holds these prompts, checked against `rm.layout`."""
-  layout = "alpaca" if any(isinstance(e, pipeline.Instruction) for e in examples) else "openai"
+  layout = ("trl" if any(isinstance(e, pipeline.Prompted) for e in examples) else
+            "alpaca" if any(isinstance(e, pipeline.Instruction) for e in examples) else "openai")
   if exp.config.rm.layout != layout:
     raise ConfigError(f"rm.layout: task=label writes the comparisons of these prompts in the "
                       f"{layout!r} layout and task=rm reads them with rm.layout "

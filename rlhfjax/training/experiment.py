@@ -14,9 +14,11 @@ from typing import Any
 import jax
 import ml_collections
 
+from rlhfjax.data import chat
 from rlhfjax.data import pipeline
+from rlhfjax.data import tables
 from rlhfjax.data import tokenizer as tokenizer_lib
-from rlhfjax.errors import ConfigError
+from rlhfjax.errors import ConfigError, DataError
 from rlhfjax import files
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.config import REMAT
@@ -93,6 +95,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
                                         tcfg.vocab_size, tcfg.model_type,
                                         tcfg.split_by_unicode_script)
+  if config.format.get("chat_template"):
+    tok.chat_template = str(config.format.chat_template)
+  check_files(config)
+  if any(getattr(e, "messages", None) is not None for split in splits.values() for e in split):
+    chat.require_template(tok, "data.train_file")
   if model.vocab_size < tok.vocab_size:  # Larger is fine: rows no token uses (padded vocabularies).
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
@@ -106,6 +113,20 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
   return Experiment(config, workdir, splits, tok, model, parallel, init_from,
                     lora.from_config(config.get("lora")))
+
+
+def check_files(config: ml_collections.ConfigDict) -> None:
+  """Every data file the config names explicitly opens (Parquet footers and Arrow schemas read, a
+  glob matches): a file that cannot be read at all is one error before anything is written."""
+  named = [("rm.train_file", config.get("rm", {}).get("train_file")),
+           ("rm.valid_file", config.get("rm", {}).get("valid_file")),
+           ("kto.train_file", config.get("kto", {}).get("train_file"))]
+  for key, path in named:
+    if path:
+      try:
+        tables.check(str(path))
+      except (FileNotFoundError, DataError) as e:
+        raise DataError(f"{key}: {e}") from None
 
 
 def remat_policies(config: ml_collections.ConfigDict) -> dict[str, str]:
