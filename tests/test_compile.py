@@ -86,6 +86,26 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
 
 
 @needs_libtpu
+def test_gemma_windows_compile_with_splash(tmp_path):
+  """A Gemma 3-style model (window of 16, shorter than the prompt, on five layers of six; q/k norms,
+  soft-capped logits) compiles for a v5e slice under splash: training through the scanned layers
+  (the local or causal kernel chosen per layer), the rollout's prefill and the decode step reading
+  its cache through the window mask."""
+  c = tiny_llama()
+  c.model.update(n_layers=6, n_kv_heads=1, dtype="bfloat16", attention="splash", qk_norm=True,
+                 norm_plus_one=True, sandwich_norm=True, mlp_activation="gelu_tanh",
+                 embed_scale=True, final_softcap=30.0, sliding_window=16,
+                 sliding_window_pattern=6, rope_local_theta=10000.0)
+  c.compile.update(topology="v5e:2x2", steps="sft,ppo_prefill,ppo_decode")
+  # A bfloat16 model runs at JAX's default precision (runtime.matmul_precision 'auto'); the test
+  # session's blanket 'highest' (conftest) would ask Mosaic for float32 bfloat16 matmuls.
+  with jax.default_matmul_precision("default"):
+    rows = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]
+  for name in ("sft", "ppo_prefill", "ppo_decode"):
+    assert rows[name]["fits"] and rows[name]["model_flops"] > 0, name
+
+
+@needs_libtpu
 def test_critic_free_updates_compile(tmp_path):
   """DAPO's, GSPO's and REINFORCE++'s updates (experience and minibatch passes, each under its
   block) compile for v5e:2x2 under fsdp=4 and fit, with their flops and passes counted."""
