@@ -4,9 +4,9 @@ tokenizer in the family's style — Qwen3's ChatML template with its thinking sw
 default), Pythia's plain byte-level BPE whose bos, eos and unk are all `<|endoftext|>` (so
 `<|padding|>` pads), no template, Gemma's turns (`<start_of_turn>user ... <end_of_turn>`, the
 template writing `<bos>` itself). SFT -> labels -> RM -> PPO, GRPO and DPO run on each (Gemma 2:
-up to PPO), LoRA on every trained model, and the PPO policy exported by task=export loads back into transformers with
-rlhfjax's logits. The Gemma models have a sliding window of 16 tokens on their local layers, which
-the pipeline's prompts (up to 192 tokens) cross.
+up to PPO), LoRA on every trained model, and the PPO policy exported by task=export loads back
+into transformers with rlhfjax's logits. The Gemma models have a sliding window of 16 tokens on
+their local layers, which the pipeline's prompts (up to 192 tokens) cross.
 
 The tokenizers are checked against transformers' own (`AutoTokenizer`, `apply_chat_template`).
 """
