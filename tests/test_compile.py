@@ -275,6 +275,24 @@ def test_cheaper_ppo_layouts_hold_fewer_bytes(reports):
   assert args["separate", ""] > args["policy_trunk", ""] > args["policy_trunk", "bfloat16"]
 
 
+def test_windowed_layers_count_the_scores_inside_their_window():
+  """Five local layers of six with a window of 4: at 16 tokens each counts 4²/2 + 12·4 = 56 score
+  pairs per head where a global one counts 16²/2 = 128; a decode step over 40 keys 4, not 40;
+  without causal_half every layer counts the whole matrix."""
+  cfg = ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=6, n_heads=4,
+                    n_kv_heads=2, d_ff=64, max_len=64, sliding_window=4, sliding_window_pattern=6)
+  full = cfg.replace(sliding_window=0)
+
+  def attention(c, tokens, keys=None, causal_half=True):
+    matmuls = 2 * tokens * c.n_layers * flops.layer_matmul_params(c)
+    return flops.forward(c, 1, tokens, keys=keys, logit_tokens=0,
+                         causal_half=causal_half) - matmuls
+
+  assert attention(cfg, 16) == attention(full, 16) * (1 + 5 * 56 / 128) / 6
+  assert attention(cfg, 1, keys=40) == attention(full, 1, keys=40) * (1 + 5 * 4 / 40) / 6
+  assert attention(cfg, 16, causal_half=False) == attention(full, 16, causal_half=False)
+
+
 def test_analytic_flops_match_an_unscanned_compile():
   """XLA counts a scanned layer once; unrolled it counts them all, and the formula must agree."""
   c = load_config()
