@@ -7,7 +7,8 @@ attention pattern matter, and writes it with `save_pretrained`. Then
 - rlhfjax's export (`hf_checkpoint.save`) loads back into transformers as the very same model
   (every tensor equal, so its logits are the original's), and back into rlhfjax as the same config;
 - the KV-cache sampler's greedy tokens are `generate`'s (greedy, 32 new tokens), left padding
-  included.
+  included;
+- a reward model exports as the family's `*ForSequenceClassification` with rlhfjax's score.
 
 Families: Qwen3 (q/k norms, head_dim unlike hidden / heads), GPT-NeoX (fused per-head
 query_key_value, partial rotary, parallel residual; and its sequential form), LLaMA with Llama 3.1's
@@ -235,3 +236,27 @@ def test_each_detail_of_the_new_families_moves_the_logits(family):
   base = our_logits(params, cfg)
   for detail, (p, c) in variants.items():
     assert np.abs(our_logits(p, c) - base).max() > 0.05, detail
+
+
+def test_reward_model_exports_as_the_family_sequence_classifier(family, tmp_path):
+  """A reward model (this backbone and a scalar head) exports as the family's
+  `*ForSequenceClassification`, whose score at the last token is rlhfjax's reward before its bias,
+  and loads back as the same config."""
+  name, model, _, params, cfg = family
+  head = {"kernel": jnp.asarray(np.random.default_rng(2).normal(size=cfg.d_model), jnp.float32),
+          "bias": jnp.asarray(0.5)}
+  out = hf_checkpoint.save({"backbone": params, "head": head}, cfg, str(tmp_path / "rm"),
+                           reward_pad_id=0)
+  scorer = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, dtype=torch.float32, attn_implementation=model.config._attn_implementation).eval()
+  ids = IDS[:, :20] % (V - 1) + 1  # No padding id: the score is read at the last token.
+  with torch.no_grad():
+    want = scorer(torch.tensor(ids)).logits[0, 0].item()
+  hidden = _hidden(params, jnp.asarray(ids), cfg)
+  assert abs(float(hidden[0, -1] @ head["kernel"]) - want) <= 1e-4
+  assert hf_checkpoint.load(out, reward=True)[1] == cfg
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _hidden(params, ids, cfg):
+  return transformer.forward(params, ids, cfg)[0]

@@ -229,8 +229,9 @@ def _window_pattern(config: dict[str, Any], path: str, n_layers: int, default: i
   unknown = sorted(set(types) - set(LAYER_TYPES))
   if unknown or len(types) != n_layers:
     raise ConfigError(f"{path}: layer_types must list {n_layers} of {LAYER_TYPES}, got {types}")
-  if "full_attention" not in types:
-    return 0
+  if "full_attention" not in types:  # All local: the family's pattern if it says as much.
+    p = int(config.get("sliding_window_pattern") or default)
+    return p if n_layers < p else 0
   if "sliding_attention" not in types:
     return -1
   p = types.index("full_attention") + 1
