@@ -42,7 +42,9 @@ _GEMMA2 = {**_GEMMA, "vocab_size": 256000, "max_len": 8192, "rope_theta": 10000.
            "final_softcap": 30.0}
 # Gemma 3 (text): q/k norms, five local layers (RoPE base 10k) per global one (base 1M; from 4B on
 # with linear scaling by 8), no soft-caps. The 4B and 12B publish a multimodal checkpoint whose
-# text model has these shapes (and a vocabulary of 262208 with the image tokens).
+# text model (`text_config`) has these shapes (and a vocabulary of 262208 with the image tokens;
+# the text-only 1B has 262144). Shapes as google's config.json files give them (litgpt's table of
+# them, and a published copy of the 4B's text_config, agree).
 _GEMMA3 = {**_GEMMA, "qk_norm": True, "rope_theta": 1000000.0, "rope_local_theta": 10000.0,
            "sliding_window_pattern": 6, "sliding_window": 1024, "vocab_size": 262208,
            "max_len": 131072, "rope_scaling_type": "linear", "rope_scaling_factor": 8.0}
