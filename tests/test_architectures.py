@@ -239,10 +239,73 @@ def test_published_config_json_files_are_the_table_shapes():
   assert hf_checkpoint.config_from_json({**no_head_dim, "hidden_size": 512}).dim_per_head == 128
 
 
+# Published config.json files (transformers 4 key layout): google/gemma-2-2b, google/gemma-3-1b-pt,
+# and the text_config of google/gemma-3-4b-pt as a gemma3_text model.
+GEMMA2_2B = {"architectures": ["Gemma2ForCausalLM"], "attention_bias": False,
+             "attention_dropout": 0.0, "attn_logit_softcapping": 50.0, "bos_token_id": 2,
+             "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": 30.0,
+             "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+             "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304,
+             "initializer_range": 0.02, "intermediate_size": 9216, "max_position_embeddings": 8192,
+             "model_type": "gemma2", "num_attention_heads": 8, "num_hidden_layers": 26,
+             "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+             "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+             "torch_dtype": "float32", "use_cache": True, "vocab_size": 256000}
+GEMMA3_1B = {"architectures": ["Gemma3ForCausalLM"], "attention_bias": False,
+             "attention_dropout": 0.0, "attn_logit_softcapping": None, "bos_token_id": 2,
+             "cache_implementation": "hybrid", "eos_token_id": 1, "final_logit_softcapping": None,
+             "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+             "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+             "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+             "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+             "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None,
+             "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+             "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 262144}
+GEMMA3_4B_TEXT = {**GEMMA3_1B, "hidden_size": 2560, "intermediate_size": 10240,
+                  "num_attention_heads": 8, "num_hidden_layers": 34, "num_key_value_heads": 4,
+                  "max_position_embeddings": 131072, "sliding_window": 1024,
+                  "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "vocab_size": 262208}
+
+
+def test_published_gemma_config_json_files_are_the_table_shapes():
+  assert hf_checkpoint.config_from_json(GEMMA2_2B) == architectures.model_config("gemma-2-2b")
+  assert hf_checkpoint.config_from_json(GEMMA3_1B) == architectures.model_config("gemma-3-1b")
+  assert (hf_checkpoint.config_from_json(GEMMA3_4B_TEXT)
+          == architectures.model_config("gemma-3-4b"))
+  # The layer pattern: Gemma 2's layer 0 is local, 1 global; Gemma 3's every sixth global.
+  assert architectures.model_config("gemma-2-2b").local_layers[:4] == (True, False, True, False)
+  assert architectures.model_config("gemma-3-1b").local_layers[:6] == (True,) * 5 + (False,)
+  # Each config.json written back reads as the same config.
+  for name in ("gemma-2-9b", "gemma-3-12b"):
+    cfg = architectures.model_config(name)
+    assert hf_checkpoint.config_from_json(hf_checkpoint._hf_config(cfg, "float32")) == cfg
+
+
+@pytest.mark.parametrize("base, change, message", [
+    (GEMMA3_1B, {"model_type": "gemma3"}, r"model_type 'gemma3' \(Gemma 3 with its vision tower\) "
+                                          r"is not supported"),
+    (GEMMA2_2B, {"hidden_activation": "gelu"}, r"hidden_activation='gelu' is not supported"),
+    (GEMMA2_2B, {"layer_types": ["full_attention", "sliding_attention"] * 13},
+     r"layer_types \[.*\] is not supported \(every p-th layer full_attention"),
+    (GEMMA2_2B, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+     r"rope_scaling of type 'linear' is not supported"),
+    (GEMMA3_1B, {"attn_logit_softcapping": 50.0}, r"attn_logit_softcapping=50\.0 is not supported "
+                                                  r"for gemma3_text"),
+    (GEMMA3_1B, {"use_bidirectional_attention": True}, r"use_bidirectional_attention=True"),
+    (GEMMA3_1B, {"rope_parameters": {"sliding_attention": {"rope_type": "linear", "factor": 2.0},
+                                     "full_attention": {"rope_type": "default"}}},
+     r"rope_parameters\.sliding_attention rope_type 'linear' is not supported"),
+    (GEMMA3_1B, {"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
+     r"full_attention rope_type 'yarn' is not supported \(plain or linear"),
+])
+def test_unsupported_gemma_configs_name_the_key(base, change, message):
+  with pytest.raises(ConfigError, match=message):
+    hf_checkpoint.config_from_json({**base, **change})
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "gemma2"}, r"config\.json: model_type 'gemma2' is not supported \(llama, "
-                               r"mistral, qwen2, qwen3, gpt2, gpt_neox\)"),
-    ({"model_type": "gemma3_text"}, r"model_type 'gemma3_text' is not supported"),
+    ({"model_type": "gemma"}, r"config\.json: model_type 'gemma' is not supported \(llama, "
+                              r"mistral, qwen2, qwen3, gemma2, gemma3_text, gpt2, gpt_neox\)"),
     ({"attention_bias": True}, r"config\.json: attention_bias=True is not supported \(False only"),
     ({"use_sliding_window": True}, r"config\.json: use_sliding_window=True is not supported"),
     ({"layer_types": ["full_attention", "sliding_attention"]},
@@ -468,7 +531,14 @@ PUBLISHED = {"smollm2-135m": 134.5e6, "smollm2-360m": 361.8e6, "smollm2-1.7b": 1
              "llama3.1-70b": 70.55e9, "qwen2.5-0.5b": 0.494e9, "qwen2.5-7b": 7.616e9,
              # The Pythia model cards' exact totals.
              "pythia-1b": 1_011_781_632, "pythia-2.8b": 2_775_208_960,
-             "pythia-6.9b": 6_857_302_016}
+             "pythia-6.9b": 6_857_302_016,
+             # The Gemma model cards' 2.6B, 9.2B and 1B (safetensors: 2,614,341,888, 9,241,705,984,
+             # 999,885,952).
+             "gemma-2-2b": 2.614e9, "gemma-2-9b": 9.242e9, "gemma-3-1b": 0.99989e9}
+# Gemma 3 4B and 12B are published with a vision tower (SigLIP, about 0.42B with its projection):
+# the cards' 4.3B and 12.2B totals, of which the table's text model is the rest.
+MULTIMODAL = {"gemma-3-4b": 4.3e9, "gemma-3-12b": 12.2e9}
+VISION = 0.42e9
 # Published counts without the embeddings (input and, if untied, output): the Qwen3 model cards'
 # (rounded: 0.44B, 1.4B, 3.6B, 6.95B; their totals are rounded to a tenth), the Pythia cards' exact.
 NON_EMBEDDING = {"qwen3-0.6b": 0.44e9, "qwen3-1.7b": 1.4e9, "qwen3-4b": 3.6e9,
@@ -477,10 +547,11 @@ NON_EMBEDDING = {"qwen3-0.6b": 0.44e9, "qwen3-1.7b": 1.4e9, "qwen3-4b": 3.6e9,
 
 
 def test_the_table_covers_the_published_counts():
-  assert sorted(architectures.ARCHITECTURES) == sorted(set(PUBLISHED) | set(NON_EMBEDDING))
+  assert sorted(architectures.ARCHITECTURES) == sorted(set(PUBLISHED) | set(NON_EMBEDDING)
+                                                       | set(MULTIMODAL))
 
 
-@pytest.mark.parametrize("name", sorted(set(PUBLISHED) | set(NON_EMBEDDING)))
+@pytest.mark.parametrize("name", sorted(set(PUBLISHED) | set(NON_EMBEDDING) | set(MULTIMODAL)))
 def test_parameter_count_matches_the_published_one(name):
   cfg = architectures.model_config(name)
   shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))  # Nothing allocated.
@@ -492,10 +563,15 @@ def test_parameter_count_matches_the_published_one(name):
     embeddings = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
     assert count - embeddings == (NON_EMBEDDING[name] if exact else
                                   pytest.approx(NON_EMBEDDING[name], rel=0.01))
+  if name in MULTIMODAL:
+    assert count + VISION == pytest.approx(MULTIMODAL[name], rel=0.01)
   assert cfg.qkv_bias == name.startswith("qwen2")
-  assert cfg.qk_norm == name.startswith("qwen3")
+  assert cfg.qk_norm == name.startswith(("qwen3", "gemma-3"))
   assert (cfg.variant == "neox") == cfg.parallel_residual == exact
-  assert (cfg.rope_scaling_factor != 1) == name.startswith("llama")
+  assert (cfg.rope_scaling_factor != 1) == name.startswith(("llama", "gemma-3-4b", "gemma-3-12b"))
+  gemma = name.startswith("gemma")
+  assert cfg.norm_plus_one == cfg.sandwich_norm == cfg.embed_scale == gemma
+  assert bool(cfg.sliding_window) == gemma and bool(cfg.attn_softcap) == name.startswith("gemma-2")
 
 
 def test_model_config_overrides_and_unknown_names():

@@ -27,6 +27,12 @@ GPT2 = ModelConfig(variant="gpt2", vocab_size=64, d_model=32, n_layers=2, n_head
                    d_ff=64, max_len=128)
 LLAMA = ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                     d_ff=64, max_len=128, tie_embeddings=False)
+# Gemma's details inside the kernels: a window of 4 on layers 0 and 2 (layer 1 global), scores
+# scaled by 1/sqrt(24) and soft-capped at 2, the local layers' own RoPE base.
+GEMMA = LLAMA.replace(n_layers=3, head_dim=16, norm_plus_one=True, sandwich_norm=True,
+                      mlp_activation="gelu_tanh", embed_scale=True, query_pre_attn_scalar=24.0,
+                      attn_softcap=2.0, final_softcap=8.0, sliding_window=4,
+                      sliding_window_pattern=2, qk_norm=True, rope_local_theta=100.0)
 
 
 def _padded(b: int, t: int) -> np.ndarray:
@@ -288,11 +294,14 @@ def test_sdpa_and_auto_models_match_reference(kind):
   _compare_models(LLAMA, LLAMA.replace(attention=kind, attention_chunk=8), 20, grads=True)
 
 
-@pytest.mark.parametrize("kind", ["xla", "auto"])
-def test_shared_prompt_matches_reference(kind):
+@pytest.mark.parametrize("kind,base", [("xla", LLAMA), ("auto", LLAMA), ("chunked", GEMMA),
+                                       ("reference", GEMMA)], ids=["xla", "auto", "gemma-chunked",
+                                                                   "gemma-reference"])
+def test_shared_prompt_matches_reference(kind, base):
   """Responses packed after their prompt (P + k R = 23 tokens: xla pads to 24, auto is chunked in
   blocks of 4 across the prompt/response boundary) against each row run alone by the reference:
-  left-padded prompts, right-padded responses, an empty one."""
+  left-padded prompts, right-padded responses, an empty one. Gemma's window of 4 counts positions,
+  so a response's first tokens see the prompt's last ones across the packed siblings between."""
   g, k, p, r = 2, 3, 8, 5
   rng = np.random.default_rng(4)
   prompt_mask = np.arange(p)[None] >= (p - np.array([8, 3]))[:, None]
@@ -301,13 +310,13 @@ def test_shared_prompt_matches_reference(kind):
   lengths[4] = 0
   response_mask = np.arange(r)[None] < lengths[:, None]
   response = rng.integers(3, 64, (g * k, r)) * response_mask
-  params = _params(LLAMA)
+  params = _params(base)
   shared = jax.jit(transformer.forward_shared_prompt, static_argnums=5)(
       params, jnp.asarray(prompt), jnp.asarray(prompt_mask), jnp.asarray(response),
-      jnp.asarray(response_mask), LLAMA.replace(attention=kind, attention_chunk=4))
+      jnp.asarray(response_mask), base.replace(attention=kind, attention_chunk=4))
   tokens = np.concatenate([np.repeat(prompt, k, 0), response], 1)
   mask = np.concatenate([np.repeat(prompt_mask, k, 0), response_mask], 1)
-  full = jax.jit(lambda p, t, m: transformer.forward(p, t, LLAMA, mask=m)[0])(params, tokens, mask)
+  full = jax.jit(lambda p, t, m: transformer.forward(p, t, base, mask=m)[0])(params, tokens, mask)
   real = mask[:, p - 1:]  # The prompt's last token (real), then the response.
   np.testing.assert_allclose(np.asarray(shared)[real], np.asarray(full)[:, p - 1:][real],
                              atol=2e-5)
@@ -428,3 +437,36 @@ def test_auto_lowers_to_splash_for_tpu():
 
   assert "tpu_custom_call" in lowered(on_tpu)
   assert "tpu_custom_call" not in lowered(None)
+
+
+@pytest.mark.parametrize("kind", ["chunked", "splash"])
+def test_windowed_soft_capped_kernels_match_reference(kind):
+  """Gemma's local and global layers in one scan (T = 20 in blocks of 8; splash picks its local or
+  causal kernel per layer by a traced flag), scores scaled and soft-capped; chunked's gradients
+  too."""
+  _compare_models(GEMMA, GEMMA.replace(attention=kind, attention_chunk=8), 20,
+                  grads=kind == "chunked")
+
+
+def test_windows_in_the_kv_cache_match_a_forward_over_the_whole_sequence():
+  """Greedy sampling through the KV cache (the local layers mask their reads to the window, which
+  the 12 + 10 tokens cross; left padding; blocks of 3 cache reads or one) reports the log-probs a
+  forward over prompt and response recomputes, and the unrolled layers give the scan's."""
+  params = _params(GEMMA)
+  rng = np.random.default_rng(6)
+  mask = np.ones((2, 12), bool)
+  mask[0, :5] = False
+  prompt = jnp.asarray(rng.integers(3, 64, (2, 12)) * mask, jnp.int32)
+  outs = [sampling.sample(params, prompt, jnp.asarray(mask), jax.random.key(0), GEMMA,
+                          sampling.SamplingConfig(max_new_tokens=10, eos_id=1, pad_id=0,
+                                                  temperature=0.0, cache_block=block))
+          for block in (0, 3)]
+  np.testing.assert_array_equal(outs[0].tokens, outs[1].tokens)
+  emitted = np.arange(10)[None] < np.asarray(outs[0].lengths)[:, None]
+  tokens = jnp.concatenate([prompt, outs[0].tokens], 1)
+  full_mask = jnp.concatenate([jnp.asarray(mask), jnp.asarray(emitted)], 1)
+  for cfg in (GEMMA, GEMMA.replace(scan_layers=False)):
+    logp, _ = jax.jit(transformer.token_logprobs, static_argnums=3)(params, tokens, full_mask, cfg)
+    want = np.asarray(logp[:, 11:])
+    for out in outs:
+      np.testing.assert_allclose(np.where(emitted, np.asarray(out.logprobs), 0.0), want, atol=2e-5)

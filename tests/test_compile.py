@@ -86,6 +86,26 @@ def test_every_step_compiles_and_fits_on_v5e_and_v4(reports):
 
 
 @needs_libtpu
+def test_gemma_windows_compile_with_splash(tmp_path):
+  """A Gemma 3-style model (window of 16, shorter than the prompt, on five layers of six; q/k norms,
+  soft-capped logits) compiles for a v5e slice under splash: training through the scanned layers
+  (the local or causal kernel chosen per layer), the rollout's prefill and the decode step reading
+  its cache through the window mask."""
+  c = tiny_llama()
+  c.model.update(n_layers=6, n_kv_heads=1, dtype="bfloat16", attention="splash", qk_norm=True,
+                 norm_plus_one=True, sandwich_norm=True, mlp_activation="gelu_tanh",
+                 embed_scale=True, final_softcap=30.0, sliding_window=16,
+                 sliding_window_pattern=6, rope_local_theta=10000.0)
+  c.compile.update(topology="v5e:2x2", steps="sft,ppo_prefill,ppo_decode")
+  # A bfloat16 model runs at JAX's default precision (runtime.matmul_precision 'auto'); the test
+  # session's blanket 'highest' (conftest) would ask Mosaic for float32 bfloat16 matmuls.
+  with jax.default_matmul_precision("default"):
+    rows = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]
+  for name in ("sft", "ppo_prefill", "ppo_decode"):
+    assert rows[name]["fits"] and rows[name]["model_flops"] > 0, name
+
+
+@needs_libtpu
 def test_critic_free_updates_compile(tmp_path):
   """DAPO's, GSPO's and REINFORCE++'s updates (experience and minibatch passes, each under its
   block) compile for v5e:2x2 under fsdp=4 and fit, with their flops and passes counted."""
@@ -253,6 +273,24 @@ def test_cheaper_ppo_layouts_hold_fewer_bytes(reports):
     step, = compile_task.steps(c, compile_task.model_config(c), par, ("ppo_update",), fast_domain=4)
     args[value_model, frozen] = compile_task._per_chip(step.args)  # pylint: disable=protected-access
   assert args["separate", ""] > args["policy_trunk", ""] > args["policy_trunk", "bfloat16"]
+
+
+def test_windowed_layers_count_the_scores_inside_their_window():
+  """Five local layers of six with a window of 4: at 16 tokens each counts 4²/2 + 12·4 = 56 score
+  pairs per head where a global one counts 16²/2 = 128; a decode step over 40 keys 4, not 40;
+  without causal_half every layer counts the whole matrix."""
+  cfg = ModelConfig(variant="llama", vocab_size=64, d_model=32, n_layers=6, n_heads=4,
+                    n_kv_heads=2, d_ff=64, max_len=64, sliding_window=4, sliding_window_pattern=6)
+  full = cfg.replace(sliding_window=0)
+
+  def attention(c, tokens, keys=None, causal_half=True):
+    matmuls = 2 * tokens * c.n_layers * flops.layer_matmul_params(c)
+    return flops.forward(c, 1, tokens, keys=keys, logit_tokens=0,
+                         causal_half=causal_half) - matmuls
+
+  assert attention(cfg, 16) == attention(full, 16) * (1 + 5 * 56 / 128) / 6
+  assert attention(cfg, 1, keys=40) == attention(full, 1, keys=40) * (1 + 5 * 4 / 40) / 6
+  assert attention(cfg, 16, causal_half=False) == attention(full, 16, causal_half=False)
 
 
 def test_analytic_flops_match_an_unscanned_compile():

@@ -1,9 +1,12 @@
-"""The whole pipeline from a pretrained Qwen3 and a pretrained GPT-NeoX: `model.init_from` names a
-tiny Hugging Face directory that transformers wrote (random weights, no download) with a tokenizer
-in the family's style — Qwen3's ChatML template with its thinking switch (off by default), Pythia's
-plain byte-level BPE whose bos, eos and unk are all `<|endoftext|>` (so `<|padding|>` pads), no
-template. SFT -> labels -> RM -> PPO, GRPO and DPO run on each, LoRA on every trained model, and
-the PPO policy exported by task=export loads back into transformers with rlhfjax's logits.
+"""The whole pipeline from a pretrained Qwen3, GPT-NeoX, Gemma 2 and Gemma 3: `model.init_from`
+names a tiny Hugging Face directory that transformers wrote (random weights, no download) with a
+tokenizer in the family's style — Qwen3's ChatML template with its thinking switch (off by
+default), Pythia's plain byte-level BPE whose bos, eos and unk are all `<|endoftext|>` (so
+`<|padding|>` pads), no template, Gemma's turns (`<start_of_turn>user ... <end_of_turn>`, the
+template writing `<bos>` itself). SFT -> labels -> RM -> PPO, GRPO and DPO run on each (Gemma 2:
+up to PPO), LoRA on every trained model, and the PPO policy exported by task=export loads back
+into transformers with rlhfjax's logits. The Gemma models have a sliding window of 16 tokens on
+their local layers, which the pipeline's prompts (up to 192 tokens) cross.
 
 The tokenizers are checked against transformers' own (`AutoTokenizer`, `apply_chat_template`).
 """
@@ -40,8 +43,18 @@ QWEN3_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% endif %}{% endif %}")
-VOCAB = 272  # The tokenizers' 265 tokens, padded up as published vocabularies are.
+# Gemma's chat template (Gemma 2's and 3's without their system-turn handling): the template opens
+# with the bos token, the assistant's role is "model", each turn ends with <end_of_turn>.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'assistant' %}"
+    "{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
+VOCAB = 272  # The tokenizers' 265 (Gemma's 269) tokens, padded up as published vocabularies are.
 STAGES = "sft,label,rm,ppo,grpo,dpo"
+# Gemma 2 runs the chain up to PPO only (GRPO's and DPO's steps use the same forward, packed
+# samples included, that Gemma 3's full chain checks): two minutes less of the suite.
+FAMILY_STAGES = {"gemma2": "sft,label,rm,ppo"}
 
 
 def qwen3_tokenizer(directory) -> str:
@@ -73,13 +86,49 @@ def pythia_tokenizer(directory) -> str:
   return str(directory)
 
 
+def gemma_tokenizer(directory) -> str:
+  """Gemma's special tokens (`<bos>`, `<eos>`, `<pad>`, `<start_of_turn>`, `<end_of_turn>`) and its
+  turn template; eos is `<eos>`, as Gemma's tokenizer_config.json says."""
+  write_tokenizer(directory, template=GEMMA_TEMPLATE)
+  specials = ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"]
+  tok_path = os.path.join(directory, "tokenizer.json")
+  tok = json.load(open(tok_path))
+  for i, content in enumerate(specials, 264):
+    tok["added_tokens"].append({"id": i, "content": content, "single_word": False,
+                                "lstrip": False, "rstrip": False, "normalized": False,
+                                "special": True})
+    tok["model"]["vocab"][content] = i
+  json.dump(tok, open(tok_path, "w"))
+  path = os.path.join(directory, "tokenizer_config.json")
+  config = json.load(open(path))
+  # The byte-level BPE stays GPT-2's class: transformers' GemmaTokenizer would rebuild Gemma's own
+  # SentencePiece-style pipeline around this vocabulary.
+  config.update(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<|endoftext|>",
+                vocab_size=269)
+  json.dump(config, open(path, "w"))
+  return str(directory)
+
+
+TOKENIZERS = {"qwen3": lambda d: qwen3_tokenizer(d), "gpt_neox": lambda d: pythia_tokenizer(d),
+              "gemma2": lambda d: gemma_tokenizer(d), "gemma3_text": lambda d: gemma_tokenizer(d)}
+
+
 def hf_checkpoint_dir(directory, family: str) -> str:
   """A tiny model of `family` written by transformers, with its family's tokenizer beside it."""
   common = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=64, max_position_embeddings=256)
+  gemma = dict(num_key_value_heads=2, head_dim=16, sliding_window=16)
   if family == "qwen3":
     config = transformers.Qwen3Config(**common, num_key_value_heads=2, head_dim=16,
                                       tie_word_embeddings=True)
+  elif family == "gemma2":  # Layer 0 local, 1 global; transformers' soft-caps 50 and 30.
+    config = transformers.Gemma2Config(**common, **gemma)
+  elif family == "gemma3_text":  # Layer 0 local (RoPE base 10k), 1 global (1M, scaled by 8).
+    config = transformers.Gemma3TextConfig(
+        **common, **gemma, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000000.0}})
   else:
     config = transformers.GPTNeoXConfig(**common, use_parallel_residual=True,
                                         rope_parameters={"rope_type": "default",
@@ -88,7 +137,7 @@ def hf_checkpoint_dir(directory, family: str) -> str:
   torch.manual_seed(0)
   transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(
       str(directory))
-  (qwen3_tokenizer if family == "qwen3" else pythia_tokenizer)(directory)
+  TOKENIZERS[family](directory)
   return str(directory)
 
 
@@ -109,6 +158,21 @@ def test_qwen3_chat_template_thinks_only_when_asked(tmp_path):
   assert ours.prompt_text("hi").endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def test_gemma_chat_template_opens_with_one_bos_and_marks_turns(tmp_path):
+  path = gemma_tokenizer(tmp_path)
+  tok = pretrained_tokenizer.from_directory(path, chat=True)
+  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (264, 265, 266, 269)
+  theirs = transformers.AutoTokenizer.from_pretrained(path)
+  messages = [{"role": "user", "content": "hello world"}]
+  want = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  assert tok.prompt_text("hello world") == want
+  assert want == "<bos><start_of_turn>user\nhello world<end_of_turn>\n<start_of_turn>model\n"
+  ids = tok.encode(want)
+  assert ids == theirs(want, add_special_tokens=False)["input_ids"]
+  assert ids.count(264) == 1 and ids[0] == 264 and ids.count(267) == ids.count(268) + 1
+  assert tok.response_text("x") == "x"  # The answer follows the model turn's header.
+
+
 def test_pythia_tokenizer_pads_with_its_padding_token(tmp_path):
   path = pythia_tokenizer(tmp_path)
   tok = pretrained_tokenizer.from_directory(path)
@@ -123,9 +187,9 @@ def test_pythia_tokenizer_pads_with_its_padding_token(tmp_path):
 
 # --- The pipeline --------------------------------------------------------------------------------
 
-def pipeline_config(init_from: str, chat: bool):
+def pipeline_config(init_from: str, chat: bool, stages: str = STAGES):
   config = load_config("smollm2_tldr_sim", "tiny")
-  config.stages = STAGES
+  config.stages = stages
   config.model.init_from = init_from
   config.format.update(prompt_len=192, response_len=8, chat=chat)
   config.lora.update(rank=4, models="sft,rm,policy,value")
@@ -136,13 +200,14 @@ def pipeline_config(init_from: str, chat: bool):
   return config
 
 
-@pytest.mark.parametrize("family", ["qwen3", "gpt_neox"])
+@pytest.mark.parametrize("family", ["qwen3", "gpt_neox", "gemma2", "gemma3_text"])
 def test_pipeline_from_a_pretrained_checkpoint(tmp_path, family):
   init_from = hf_checkpoint_dir(tmp_path / "hf", family)
-  config = pipeline_config(init_from, chat=family == "qwen3")
+  stages = FAMILY_STAGES.get(family, STAGES)
+  config = pipeline_config(init_from, chat=family != "gpt_neox", stages=stages)
   workdir = str(tmp_path / "run")
   main.run(config, workdir)
-  for stage in ("sft", "rm", "ppo", "grpo", "dpo"):
+  for stage in set(stages.split(",")) - {"label"}:
     logged = metrics_lib.read_jsonl(f"{workdir}/{stage}/metrics.jsonl")
     assert logged and all(np.isfinite(v) for m in logged.values() for v in m.values()
                           if isinstance(v, float)), stage
@@ -155,7 +220,8 @@ def test_pipeline_from_a_pretrained_checkpoint(tmp_path, family):
   directory = main.run(export, workdir)
   params, cfg = hf_checkpoint.load(directory)
   assert cfg == hf_checkpoint.model_config(init_from)
-  model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      directory, dtype=torch.float32, attn_implementation="eager").eval()
   ids = np.random.default_rng(0).integers(0, 265, (1, 24))
   with torch.no_grad():
     want = model(torch.tensor(ids)).logits[0].numpy()

@@ -7,12 +7,18 @@ attention pattern matter, and writes it with `save_pretrained`. Then
 - rlhfjax's export (`hf_checkpoint.save`) loads back into transformers as the very same model
   (every tensor equal, so its logits are the original's), and back into rlhfjax as the same config;
 - the KV-cache sampler's greedy tokens are `generate`'s (greedy, 32 new tokens), left padding
-  included.
+  included;
+- a reward model exports as the family's `*ForSequenceClassification` with rlhfjax's score.
 
 Families: Qwen3 (q/k norms, head_dim unlike hidden / heads), GPT-NeoX (fused per-head
 query_key_value, partial rotary, parallel residual; and its sequential form), LLaMA with Llama 3.1's
-RoPE scaling, Mistral (head_dim unlike hidden / heads), Qwen2 (q/k/v biases). torch and transformers
-are test dependencies: CI installs them (.ci/run), so there these tests run, never skip.
+RoPE scaling, Mistral (head_dim unlike hidden / heads), Qwen2 (q/k/v biases), Gemma 2 and Gemma 3
+(text): a sliding window of 8 on local layers (so the 40-token input and the 12 + 32 tokens of
+`generate` cross it), soft-caps small enough to bite, `query_pre_attn_scalar` unlike head_dim,
+Gemma 3 with RoPE bases of its own on local and global layers and linear scaling on the global
+ones. transformers runs Gemma eagerly (`attn_implementation="eager"`: soft-capping needs it).
+torch and transformers are test dependencies: CI installs them (.ci/run), so there these tests run,
+never skip.
 """
 
 import functools
@@ -66,23 +72,49 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", dict(SMALL, num_key_value_heads=2, tie_word_embeddings=True,
                                   rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
               dict(variant="llama", qkv_bias=True, tie_embeddings=True)),
+    # Layers 0 and 2 local, 1 global (transformers' default alternation).
+    "gemma2": ("Gemma2Config", dict(SMALL, num_hidden_layers=3, num_key_value_heads=2, head_dim=16,
+                                    query_pre_attn_scalar=24, sliding_window=8,
+                                    attn_logit_softcapping=2.0, final_logit_softcapping=8.0,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 100.0}),
+               dict(variant="llama", norm_plus_one=True, sandwich_norm=True,
+                    mlp_activation="gelu_tanh", embed_scale=True, query_pre_attn_scalar=24.0,
+                    attn_softcap=2.0, final_softcap=8.0, sliding_window=8,
+                    sliding_window_pattern=2, tie_embeddings=True, head_dim=16)),
+    # Layers 0 and 1 local, 2 global.
+    "gemma3_text": ("Gemma3TextConfig", dict(
+        SMALL, num_hidden_layers=3, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=8,
+        sliding_window=8, final_logit_softcapping=8.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0,
+                                            "rope_theta": 1000.0}}),
+                    dict(variant="llama", qk_norm=True, norm_plus_one=True, sandwich_norm=True,
+                         attn_softcap=0.0, final_softcap=8.0, sliding_window=8,
+                         sliding_window_pattern=3, rope_theta=1000.0, rope_local_theta=10.0,
+                         rope_scaling_type="linear", rope_scaling_factor=8.0, n_kv_heads=1)),
 }
 # The model_type each exports as (the sequential GPT-NeoX is still gpt_neox).
 EXPORTED = {"qwen3": "qwen3", "gpt_neox": "gpt_neox", "gpt_neox_sequential": "gpt_neox",
-            "llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
+            "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "gemma2": "gemma2",
+            "gemma3_text": "gemma3_text"}
+N_LAYERS = {"gemma2": 3, "gemma3_text": 3}  # The others have 2.
 
 
 def tiny_hf_model(family: str, seed: int = 0):
   """A transformers model of `family`, float32, with random weights: matrices N(0, 0.3²) (fan-in 32
-  to 64, so activations are O(1) and logits O(10)), norm scales 1 + N(0, 0.3²), biases N(0, 0.3²)."""
+  to 64, so activations are O(1) and logits O(10)), norm scales 1 + N(0, 0.3²) (Gemma stores the
+  scale minus 1), biases N(0, 0.3²). Gemma runs eagerly (transformers' soft-capping needs it)."""
   name, kwargs, _ = FAMILIES[family]
   config = getattr(transformers, name)(**kwargs)
-  model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+  gemma = family.startswith("gemma")
+  model = transformers.AutoModelForCausalLM.from_config(
+      config, dtype=torch.float32, **({"attn_implementation": "eager"} if gemma else {})).eval()
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for n, p in model.named_parameters():
       noise = 0.3 * torch.randn(p.shape, generator=gen)
-      p.copy_(1 + noise if "norm" in n and n.endswith("weight") else noise)
+      p.copy_(1 + noise if "norm" in n and n.endswith("weight") and not gemma else noise)
   return model
 
 
@@ -119,7 +151,7 @@ def test_config_json_loads_as_the_family(family):
   name, _, _, _, cfg = family
   for field, want in FAMILIES[name][2].items():
     assert getattr(cfg, field) == want, field
-  assert (cfg.n_layers, cfg.vocab_size, cfg.max_len) == (2, V, 128)
+  assert (cfg.n_layers, cfg.vocab_size, cfg.max_len) == (N_LAYERS.get(name, 2), V, 128)
 
 
 def test_logits_match_transformers(family):
@@ -135,7 +167,8 @@ def test_logits_match_transformers(family):
 def test_export_is_the_same_transformers_model(family, tmp_path):
   name, model, _, params, cfg = family
   out = hf_checkpoint.save(params, cfg, str(tmp_path / "export"))
-  again = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+  again = transformers.AutoModelForCausalLM.from_pretrained(
+      out, dtype=torch.float32, attn_implementation=model.config._attn_implementation).eval()
   assert again.config.model_type == EXPORTED[name]  # Mistral without its window is LLaMA.
   want, got = model.state_dict(), again.state_dict()
   assert sorted(got) == sorted(want)
@@ -172,8 +205,9 @@ def _with(params, **attn):
 
 
 def test_each_detail_of_the_new_families_moves_the_logits(family):
-  """The 1e-4 agreement is not loose: leaving out any one detail of Qwen3 or GPT-NeoX moves the
-  logits by far more (and the other families' details are covered by the same comparison)."""
+  """The 1e-4 agreement is not loose: leaving out any one detail of Qwen3, GPT-NeoX, Gemma 2 or
+  Gemma 3 moves the logits by far more (and the other families' details are covered by the same
+  comparison)."""
   name, _, _, params, cfg = family
   ones, zeros = jnp.ones_like, jnp.zeros_like
   variants = {
@@ -183,7 +217,46 @@ def test_each_detail_of_the_new_families_moves_the_logits(family):
           "sequential residual": (params, cfg.replace(parallel_residual=False)),
           "qkv biases": (_with(params, q_bias=zeros, k_bias=zeros, v_bias=zeros), cfg),
           "dense bias": (_with(params, o_bias=zeros), cfg)},
+      "gemma2": lambda: {
+          "no window": (params, cfg.replace(sliding_window=0)),
+          "window on every layer": (params, cfg.replace(sliding_window_pattern=0)),
+          "no attention soft-cap": (params, cfg.replace(attn_softcap=0.0)),
+          "no final soft-cap": (params, cfg.replace(final_softcap=0.0)),
+          "scores by head_dim": (params, cfg.replace(query_pre_attn_scalar=0.0)),
+          "unscaled embeddings": (params, cfg.replace(embed_scale=False)),
+          "SwiGLU": (params, cfg.replace(mlp_activation="silu")),
+          "no post norms": (params, cfg.replace(sandwich_norm=False))},
+      "gemma3_text": lambda: {
+          "no window": (params, cfg.replace(sliding_window=1000)),  # Wider than the input.
+          "q/k norm scales": (_with(params, q_norm=zeros, k_norm=zeros), cfg),
+          "one RoPE base": (params, cfg.replace(rope_local_theta=0.0)),
+          "no linear RoPE scaling": (params, cfg.replace(rope_scaling_factor=1.0)),
+          "no final soft-cap": (params, cfg.replace(final_softcap=0.0))},
   }.get(name, dict)()
   base = our_logits(params, cfg)
   for detail, (p, c) in variants.items():
     assert np.abs(our_logits(p, c) - base).max() > 0.05, detail
+
+
+def test_reward_model_exports_as_the_family_sequence_classifier(family, tmp_path):
+  """A reward model (this backbone and a scalar head) exports as the family's
+  `*ForSequenceClassification`, whose score at the last token is rlhfjax's reward before its bias,
+  and loads back as the same config."""
+  name, model, _, params, cfg = family
+  head = {"kernel": jnp.asarray(np.random.default_rng(2).normal(size=cfg.d_model), jnp.float32),
+          "bias": jnp.asarray(0.5)}
+  out = hf_checkpoint.save({"backbone": params, "head": head}, cfg, str(tmp_path / "rm"),
+                           reward_pad_id=0)
+  scorer = transformers.AutoModelForSequenceClassification.from_pretrained(
+      out, dtype=torch.float32, attn_implementation=model.config._attn_implementation).eval()
+  ids = IDS[:, :20] % (V - 1) + 1  # No padding id: the score is read at the last token.
+  with torch.no_grad():
+    want = scorer(torch.tensor(ids)).logits[0, 0].item()
+  hidden = _hidden(params, jnp.asarray(ids), cfg)
+  assert abs(float(hidden[0, -1] @ head["kernel"]) - want) <= 1e-4
+  assert hf_checkpoint.load(out, reward=True)[1] == cfg
+
+
+@functools.partial(jax.jit, static_argnames="cfg")
+def _hidden(params, ids, cfg):
+  return transformer.forward(params, ids, cfg)[0]

@@ -1,5 +1,13 @@
 """Attention kernels: softmax(q k^T / sqrt(Dh), masked) v, as pure functions.
 
+Two Gemma details go inside every kernel: the scores are divided by sqrt(`cfg.attn_scale_dim`)
+(Gemma's `query_pre_attn_scalar`, else Dh), then soft-capped, cap * tanh(s / cap), when
+`cfg.attn_softcap` is set (Gemma 2; "xla" and "cudnn" have no soft-cap: the config refuses them, and
+"auto" picks chunked instead of cudnn). A sliding window (`cfg.sliding_window`) reaches the kernels
+that take a mask through `allowed` itself (the model hides keys outside a local layer's window);
+splash, which builds its mask from the key mask, takes the layer's `local` flag and adds a local
+mask of the window to its causal one.
+
 q is [B,T,H,Dh]; k and v are [B,S,KV,Dh], or [B,KV,S,Dh] with `heads_major` (the KV-cache layout);
 q head i uses kv head i // (H / KV) (grouped-query attention). `allowed` [B,T,S] says which keys
 each query sees. The result is [B,T,H,Dh] in q's dtype; the output projection stays with the model.
@@ -60,18 +68,21 @@ _CUDNN_MAX_HEAD_DIM = 128
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig, *,
            heads_major: bool = False, causal: bool = False, packed: bool = False,
-           rng: jax.Array | None = None) -> jax.Array:
+           rng: jax.Array | None = None, local: bool | jax.Array = False) -> jax.Array:
   """Attention by `cfg.attention`; `rng` drives dropout on the probabilities (reference only).
   `causal` promises that `allowed` never lets query t see a key after position t (T == S);
   `packed`, that it also hides some earlier real keys (samples packed after a shared prompt),
-  which splash's causal-and-padding mask cannot express: chunked attention runs those."""
+  which splash's causal-and-padding mask cannot express: chunked attention runs those. `local`
+  (a bool, or a traced one inside the layers' scan): the layer is a sliding-window one, whose
+  window `allowed` already applies; only splash reads it."""
   if cfg.attention != "auto":
     return _run(cfg.attention, q, k, v, allowed, cfg, heads_major=heads_major, causal=causal,
-                packed=packed, rng=rng)
+                packed=packed, rng=rng, local=local)
 
   def on(platform):  # The branch for one platform: the kernel `resolve` names there.
     return lambda q, k, v, allowed: _run(resolve(cfg, platform), q, k, v, allowed, cfg,
-                                         heads_major=heads_major, causal=causal, packed=packed)
+                                         heads_major=heads_major, causal=causal, packed=packed,
+                                         local=local)
 
   # Every branch is traced, only the lowering platform's is compiled. Tracing cuDNN's needs a CUDA
   # backend in this process, where JAX finds cuDNN; a TPU step lowered on any host gets splash.
@@ -83,13 +94,14 @@ def resolve(cfg: ModelConfig, platform: str) -> str:
   """The kernel `cfg.attention` means on `platform` (a lowering platform: "cpu", "cuda", "rocm",
   "tpu"; `platform_of` names a device's): itself, but for "auto" splash on TPU, cudnn on a CUDA
   GPU when the activations are bf16/fp16 and the head dim one that every cuDNN GPU takes, chunked
-  otherwise."""
+  otherwise (and whenever the scores are soft-capped, which cuDNN cannot do)."""
   if cfg.attention != "auto":
     return cfg.attention
   if platform == "tpu":
     return "splash"
   dh = cfg.dim_per_head
-  if (platform == "cuda" and jnp.dtype(cfg.dtype) in _CUDNN_DTYPES and dh % 8 == 0
+  if (platform == "cuda" and not cfg.attn_softcap and jnp.dtype(cfg.dtype) in _CUDNN_DTYPES
+      and dh % 8 == 0
       and dh <= _CUDNN_MAX_HEAD_DIM):
     return "cudnn"
   return "chunked"
@@ -112,20 +124,38 @@ def _has_cuda() -> bool:
 
 def _run(kernel: str, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
          cfg: ModelConfig, *, heads_major: bool, causal: bool, packed: bool,
-         rng: jax.Array | None = None) -> jax.Array:
+         rng: jax.Array | None = None, local: bool | jax.Array = False) -> jax.Array:
   """`attend` by the concrete `kernel` (any of config.ATTENTION but "auto")."""
+  logits = {"scale_dim": cfg.attn_scale_dim, "softcap": cfg.attn_softcap}
   if kernel == "chunked" or (kernel == "splash" and packed):
-    return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major, causal=causal)
+    return chunked(q, k, v, allowed, cfg.attention_chunk, heads_major=heads_major, causal=causal,
+                   **logits)
   if kernel == "reference" or heads_major:
-    return reference(q, k, v, allowed, heads_major=heads_major, dropout=cfg.dropout, rng=rng)
+    return reference(q, k, v, allowed, heads_major=heads_major, dropout=cfg.dropout, rng=rng,
+                     **logits)
   if kernel == "splash":
-    # Uncached self-attention: `allowed` is causal AND key-is-real, so its last row is the key mask.
-    return splash(q, k, v, allowed[:, -1, :])
-  return sdpa(q, k, v, allowed, causal=causal, implementation=kernel)
+    # Uncached self-attention: `allowed` is causal AND key-is-real (AND in the window), so its
+    # diagonal is the key mask.
+    key_mask = jnp.diagonal(allowed, axis1=1, axis2=2)
+    run = lambda window: lambda q, k, v, m: splash(q, k, v, m, window=window, **logits)
+    if not cfg.sliding_window or isinstance(local, bool):
+      return run(cfg.sliding_window if local else 0)(q, k, v, key_mask)
+    return jax.lax.cond(local, run(cfg.sliding_window), run(0), q, k, v, key_mask)
+  return sdpa(q, k, v, allowed, causal=causal, implementation=kernel,
+              scale=1 / math.sqrt(cfg.attn_scale_dim))
+
+
+def _scores(scores: jax.Array, scale_dim: float | None, softcap: float, dh: int) -> jax.Array:
+  """Raw q·k scores (float32) scaled by 1/sqrt(`scale_dim`, else Dh), soft-capped if `softcap`."""
+  scores = scores / math.sqrt(scale_dim or dh)
+  if softcap:
+    scores = softcap * jnp.tanh(scores / softcap)
+  return scores
 
 
 def sdpa_arguments(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
-                   causal: bool) -> tuple[tuple[jax.Array, jax.Array, jax.Array], dict]:
+                   causal: bool, scale: float | None = None
+                   ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], dict]:
   """The positional and keyword arguments "xla" and "cudnn" both give
   `jax.nn.dot_product_attention`, so that "xla" runs, on any host, what cuDNN gets.
 
@@ -136,19 +166,21 @@ def sdpa_arguments(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
   and right padding and the packed layout alike. A query that sees no key gets a finite average.
   `is_causal` (allowed: `allowed` is causal) lets cuDNN skip the blocks above the diagonal. An odd
   T or S gets one more position, a query that sees nothing and a key that nothing sees (cuDNN's
-  backward with a bias needs even lengths); `sdpa` drops the extra query's output.
+  backward with a bias needs even lengths); `sdpa` drops the extra query's output. `scale`: the
+  scores' factor (None: 1/sqrt(Dh)).
   """
   pad_t, pad_s = q.shape[1] % 2, k.shape[1] % 2
   q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
   k, v = (jnp.pad(x.astype(q.dtype), ((0, 0), (0, pad_s), (0, 0), (0, 0))) for x in (k, v))
   mask = jnp.pad(allowed, ((0, 0), (0, pad_t), (0, pad_s)))[:, None]
-  return (q, k, v), {"mask": mask, "is_causal": causal, "scale": 1 / math.sqrt(q.shape[-1])}
+  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+  return (q, k, v), {"mask": mask, "is_causal": causal, "scale": scale}
 
 
 def sdpa(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, causal: bool,
-         implementation: str) -> jax.Array:
+         implementation: str, scale: float | None = None) -> jax.Array:
   """`jax.nn.dot_product_attention` by `implementation` ("xla" or "cudnn") on `sdpa_arguments`."""
-  args, kwargs = sdpa_arguments(q, k, v, allowed, causal=causal)
+  args, kwargs = sdpa_arguments(q, k, v, allowed, causal=causal, scale=scale)
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:  # cuDNN's partitioner wants q, k and v split alike.
     q_spec, kv_spec = _head_specs(args[0].shape, args[1].shape, mesh, head_axis=2)
@@ -160,14 +192,17 @@ def sdpa(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, causal
 
 def reference(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
               heads_major: bool = False, dropout: float = 0.0,
-              rng: jax.Array | None = None) -> jax.Array:
-  """The whole score matrix in float32, softmax, dropout (given an `rng`), weighted values."""
+              rng: jax.Array | None = None, scale_dim: float | None = None,
+              softcap: float = 0.0) -> jax.Array:
+  """The whole score matrix in float32 (scaled and soft-capped as `_scores` says), softmax,
+  dropout (given an `rng`), weighted values."""
   dt = q.dtype
   b, t, h, dh = q.shape
   kv_heads = k.shape[1 if heads_major else 2]
   q = q.reshape(b, t, kv_heads, h // kv_heads, dh)  # q head i uses kv head i // groups.
   kv_spec = "bksd" if heads_major else "bskd"
-  scores = jnp.einsum(f"btkgd,{kv_spec}->bkgts", q, k.astype(dt)).astype(jnp.float32) / math.sqrt(dh)
+  scores = _scores(jnp.einsum(f"btkgd,{kv_spec}->bkgts", q, k.astype(dt)).astype(jnp.float32),
+                   scale_dim, softcap, dh)
   scores = jnp.where(allowed[:, None, None], scores, _NEG_INF)
   probs = jax.nn.softmax(scores, -1)
   if rng is not None and dropout > 0:
@@ -177,7 +212,8 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *,
 
 
 def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk: int, *,
-            heads_major: bool = False, causal: bool = False) -> jax.Array:
+            heads_major: bool = False, causal: bool = False, scale_dim: float | None = None,
+            softcap: float = 0.0) -> jax.Array:
   """`reference` (without dropout) over blocks of `chunk` queries, one at a time.
 
   Each block takes its softmax over all the keys it may see, so results match the reference up to
@@ -189,10 +225,11 @@ def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk:
   it was given, which now differ by block: such outputs are never read.)
   """
   b, t, h, dh = q.shape
+  logits = {"scale_dim": scale_dim, "softcap": softcap}
   if t <= chunk:
-    return reference(q, k, v, allowed, heads_major=heads_major)
+    return reference(q, k, v, allowed, heads_major=heads_major, **logits)
   if causal and not heads_major:
-    return _causal_blocks(q, k, v, allowed, chunk)
+    return _causal_blocks(q, k, v, allowed, chunk, **logits)
   n = -(-t // chunk)
   pad = n * chunk - t
   q = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, chunk, h, dh)
@@ -201,14 +238,14 @@ def chunked(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, chunk:
   @jax.checkpoint
   def block(xs):
     q_block, allowed_block = xs
-    return reference(q_block, k, v, allowed_block, heads_major=heads_major)
+    return reference(q_block, k, v, allowed_block, heads_major=heads_major, **logits)
 
   out = jax.lax.map(block, (q.swapaxes(0, 1), allowed.swapaxes(0, 1)))  # [n,B,chunk,H,Dh]
   return out.swapaxes(0, 1).reshape(b, n * chunk, h, dh)[:, :t]
 
 
 def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
-                   chunk: int) -> jax.Array:
+                   chunk: int, scale_dim: float | None = None, softcap: float = 0.0) -> jax.Array:
   """`chunked` for causal self-attention: block i of queries against keys [0, (i+1)*chunk), in a
   heads-major layout ([B,KV,G,T,Dh] queries, [B,KV,S,Dh] keys and values, transposed once), where
   every score and mixing matmul is a plain batched matmul: on CPU about 1.4x faster than the
@@ -220,7 +257,8 @@ def _causal_blocks(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
 
   @jax.checkpoint
   def block(q, k, v, allowed):
-    scores = jnp.einsum("bkgtd,bksd->bkgts", q, k).astype(jnp.float32) / math.sqrt(dh)
+    scores = _scores(jnp.einsum("bkgtd,bksd->bkgts", q, k).astype(jnp.float32), scale_dim, softcap,
+                     dh)
     probs = jax.nn.softmax(jnp.where(allowed[:, None, None], scores, _NEG_INF), -1)
     return jnp.einsum("bkgts,bksd->bkgtd", probs.astype(q.dtype), v)
 
@@ -246,8 +284,16 @@ def _head_specs(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], mesh: Any,
   return q_spec, kv_spec
 
 
-def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax.Array:
+def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *, window: int = 0,
+           scale_dim: float | None = None, softcap: float = 0.0) -> jax.Array:
   """Causal self-attention by the Pallas splash kernel; q [B,T,H,Dh], k, v [B,T,KV,Dh].
+
+  `window` > 0: each query sees only the `window` latest keys (itself included), by the kernel's
+  local mask, which skips the blocks left of the window as the causal mask skips those above the
+  diagonal. The kernel counts array slots, the model positions: they agree where a row's real
+  tokens are contiguous (left-padded prompts, right-padded responses: every layout the project
+  feeds it; packed samples go to chunked attention). `scale_dim` and `softcap` as in `reference`
+  (the kernel's own `attn_logits_soft_cap` caps the scores after q is scaled).
 
   Padding goes in as segment ids (`key_mask` [B,T] as 0/1): a real token attends to the real tokens
   at or before it, as in `reference`, but a padding token attends to the padding at or before it
@@ -264,18 +310,20 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array) -> jax
   block = next(n for n in _SPLASH_BLOCKS if padded % n == 0)
   sizes = splash_lib.BlockSizes(block_q=block, block_kv=block, block_q_dkv=block,
                                 block_kv_dkv=block, block_q_dq=block, block_kv_dq=block)
-  q = q / jnp.asarray(math.sqrt(dh), q.dtype)  # The kernel does not scale.
+  q = q / jnp.asarray(math.sqrt(scale_dim or dh), q.dtype)  # The kernel does not scale.
   # [B,heads,T,Dh] with T padded; padding tokens get segment 0.
   q, k, v = (jnp.pad(x, ((0, 0), (0, padded - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
              for x in (q, k, v))
   segments = jnp.pad(key_mask.astype(jnp.int32), ((0, 0), (0, padded - t)))
 
   def run(q, k, v, segments):  # Per device under a mesh: its heads of q (q.shape[1]) and k, v.
-    mask = splash_mask.MultiHeadMask([splash_mask.CausalMask((padded, padded))] * q.shape[1])
+    one = (splash_mask.LocalMask((padded, padded), window_size=(window - 1, 0), offset=0)
+           if window else splash_mask.CausalMask((padded, padded)))
+    mask = splash_mask.MultiHeadMask([one] * q.shape[1])
 
     def kernel(interpret):
       fn = splash_lib.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                                      interpret=interpret)
+                                      attn_logits_soft_cap=softcap or None, interpret=interpret)
       return jax.vmap(lambda q, k, v, s: fn(q, k, v, splash_lib.SegmentIds(s, s)))
 
     return jax.lax.platform_dependent(q, k, v, segments, tpu=kernel(False), default=kernel(True))

@@ -12,6 +12,11 @@ VARIANTS = ("gpt2", "llama", "neox")
 # activation, recompute each layer from its input, keep the outputs of the projection and MLP
 # matmuls, or offload those to pinned host memory.
 REMAT = ("none", "full", "dots", "offload")
+# The gated MLP's activation (llama variant): SwiGLU's SiLU, or Gemma's tanh-approximated GELU.
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
+# RoPE scalings (`rope_scaling_factor` != 1): Llama 3.1's per-wavelength blend, or every frequency
+# divided by the factor (transformers' "linear", Gemma 3's global layers).
+ROPE_SCALINGS = ("llama3", "linear")
 ATTENTION = ("reference", "chunked", "splash", "xla", "cudnn", "auto")
 
 
@@ -24,6 +29,14 @@ class ModelConfig:
   biases with `qkv_bias`, as in Qwen2; RMSNorm of each head's q and k with `qk_norm`, as in Qwen3).
   `variant="neox"`: GPT-NeoX (Pythia): RoPE, LayerNorm with biases, exact (erf) GELU MLP, biases on
   every projection; usually with `parallel_residual` and a partial `rotary_dim`.
+
+  Gemma 2 and Gemma 3 are `variant="llama"` with Gemma's switches: `norm_plus_one` (RMSNorm scales
+  stored as w - 1), `sandwich_norm` (norms after attention and after the MLP too),
+  `mlp_activation="gelu_tanh"` (GeGLU), `embed_scale` (embeddings times sqrt(d_model)),
+  `query_pre_attn_scalar`, the soft-caps `attn_softcap` (Gemma 2) and `final_softcap`,
+  sliding-window layers (`sliding_window`, `sliding_window_pattern`) and, in Gemma 3, `qk_norm`,
+  a RoPE base of their own for the local layers (`rope_local_theta`) and linear RoPE scaling on
+  the global ones.
   """
 
   variant: str = "gpt2"
@@ -52,6 +65,30 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  rope_scaling_type: str = "llama3"  # One of ROPE_SCALINGS; read only when the factor is not 1.
+  # Gemma's switches (llama variant). RMSNorm (q/k norms included) multiplies by 1 + w, its
+  # parameters stored as w - 1 and initialised at 0.
+  norm_plus_one: bool = False
+  # Norms after the attention and after the MLP, before each joins the residual stream, as well as
+  # before them (Gemma 2/3's post_attention_layernorm and post_feedforward_layernorm).
+  sandwich_norm: bool = False
+  mlp_activation: str = "silu"  # One of MLP_ACTIVATIONS: the gated MLP's act(x W_g) * (x W_i).
+  # Embeddings times sqrt(d_model), that factor first rounded to the compute dtype (as Gemma does).
+  embed_scale: bool = False
+  # Attention scores scaled by 1/sqrt(query_pre_attn_scalar), not 1/sqrt(head_dim); 0: head_dim.
+  query_pre_attn_scalar: float = 0.0
+  # cap * tanh(x / cap) on the attention scores (after scaling) and on the output logits; 0: none.
+  attn_softcap: float = 0.0
+  final_softcap: float = 0.0
+  # Sliding-window attention: a query of a local layer sees the `sliding_window` latest positions
+  # (itself included), counted in positions, not array slots. 0: every layer global.
+  sliding_window: int = 0
+  # With a window: layer i (from 0) is global when (i + 1) % pattern == 0, local otherwise (Gemma 2:
+  # 2, Gemma 3: 6); 0: every layer local.
+  sliding_window_pattern: int = 0
+  # RoPE base of the local layers, never scaled (Gemma 3's rope_local_base_freq); 0: the local
+  # layers rotate as the global ones do (rope_theta, and its scaling).
+  rope_local_theta: float = 0.0
   dropout: float = 0.0
   dtype: str = "float32"  # Activations.
   param_dtype: str = "float32"  # float32 master weights (and AdamW moments) under bf16 `dtype`.
@@ -101,13 +138,48 @@ class ModelConfig:
     if self.rotary_dim < 0 or self.rotary_dim % 2 or self.rotary_dim > self.dim_per_head:
       raise ConfigError(f"model.rotary_dim must be an even number of dimensions up to the head's "
                         f"{self.dim_per_head} (0: all), got {self.rotary_dim}")
-    if self.rope_scaling_factor != 1 and not self.rope_low_freq_factor < self.rope_high_freq_factor:
+    if self.rope_scaling_type not in ROPE_SCALINGS:
+      raise ConfigError(f"model.rope_scaling_type must be one of {ROPE_SCALINGS}, got "
+                        f"{self.rope_scaling_type!r}")
+    if self.mlp_activation not in MLP_ACTIVATIONS:
+      raise ConfigError(f"model.mlp_activation must be one of {MLP_ACTIVATIONS}, got "
+                        f"{self.mlp_activation!r}")
+    gemma = {"norm_plus_one": self.norm_plus_one, "sandwich_norm": self.sandwich_norm,
+             "mlp_activation": self.mlp_activation != "silu"}
+    for key, on in gemma.items():
+      if on and self.variant != "llama":
+        raise ConfigError(f"model.{key} is for the llama variant, not {self.variant!r}")
+    for key in ("query_pre_attn_scalar", "attn_softcap", "final_softcap", "sliding_window",
+                "sliding_window_pattern", "rope_local_theta"):
+      if getattr(self, key) < 0:
+        raise ConfigError(f"model.{key} must not be negative, got {getattr(self, key)}")
+    if self.rope_local_theta and not self.sliding_window:
+      raise ConfigError("model.rope_local_theta is the RoPE base of sliding-window layers: set "
+                        "model.sliding_window too")
+    if self.attn_softcap and self.attention in ("xla", "cudnn"):
+      raise ConfigError(f"model.attention={self.attention!r} has no attention soft-cap "
+                        f"(model.attn_softcap={self.attn_softcap}): use 'chunked', 'splash', "
+                        "'reference' or 'auto'")
+    if self.rope_scaling_factor != 1 and self.rope_scaling_type == "llama3" and not (
+        self.rope_low_freq_factor < self.rope_high_freq_factor):
       raise ConfigError(f"model.rope_low_freq_factor ({self.rope_low_freq_factor}) must be below "
                         f"model.rope_high_freq_factor ({self.rope_high_freq_factor})")
 
   @property
   def dim_per_head(self) -> int:
     return self.head_dim or self.d_model // self.n_heads
+
+  @property
+  def local_layers(self) -> tuple[bool, ...]:
+    """Whether each layer attends through the sliding window (all False without one)."""
+    p = self.sliding_window_pattern
+    return tuple(bool(self.sliding_window) and (p == 0 or (i + 1) % p != 0)
+                 for i in range(self.n_layers))
+
+  @property
+  def attn_scale_dim(self) -> float:
+    """Attention scores are divided by the square root of this."""
+    return self.query_pre_attn_scalar or self.dim_per_head
 
   @property
   def rotary_dims(self) -> int:

@@ -8,7 +8,11 @@ Norms, softmax, RoPE and the optimizer are left out (well under 1% at real sizes
 costs twice its forward pass. Causal attention counts the half of the T x S score matrix a causal
 kernel computes (MaxText's convention since 2024); `causal_half=False` counts the whole matrix,
 which is what the reference attention computes and what `tests/test_compile.py` checks against
-XLA's count of an unscanned model.
+XLA's count of an unscanned model. A sliding-window layer (Gemma's local layers) counts the scores
+inside its window only, as a kernel that skips the blocks outside it does (splash's local mask): a
+query sees at most `sliding_window` keys, fewer near the start under causal_half; with
+`causal_half=False` every layer counts the whole matrix, window or not (the reference computes it
+masked).
 """
 
 from __future__ import annotations
@@ -31,9 +35,18 @@ def forward(cfg: ModelConfig, batch: int, tokens: int, *, keys: int | None = Non
   keys = tokens if keys is None else keys
   logit_tokens = tokens if logit_tokens is None else logit_tokens
   matmuls = 2 * batch * tokens * cfg.n_layers * layer_matmul_params(cfg)
-  attention = 4 * batch * tokens * keys * cfg.n_heads * cfg.dim_per_head * cfg.n_layers
-  if causal_half and keys == tokens:
-    attention //= 2
+  causal = causal_half and keys == tokens
+  pairs = tokens * keys / 2 if causal else tokens * keys  # Query-key pairs of a global layer.
+  w = cfg.sliding_window
+  if not causal_half or not w:
+    local_pairs = pairs
+  elif causal:  # The triangle up to the window, then w keys per query.
+    local_pairs = min(tokens, w) ** 2 / 2 + max(tokens - w, 0) * w
+  else:  # Queries at the end of `keys` positions (a decode step, a prompt after a cache).
+    local_pairs = tokens * min(keys, w)
+  n_local = sum(cfg.local_layers)
+  attention = (4 * batch * cfg.n_heads * cfg.dim_per_head
+               * ((cfg.n_layers - n_local) * pairs + n_local * local_pairs))
   head = 2 * batch * logit_tokens * cfg.d_model * cfg.vocab_size
   return float(matmuls + attention + head)
 

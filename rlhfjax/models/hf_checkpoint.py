@@ -3,7 +3,8 @@
 `load(directory)` reads `model.safetensors`, or the shards that `model.safetensors.index.json`
 lists, with the architecture taken from `config.json` alone; `save(params, cfg, directory)` writes
 both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausalLM`,
-`Qwen3ForCausalLM`, `GPTNeoXForCausalLM` or `GPT2LMHeadModel`. Supported:
+`Qwen3ForCausalLM`, `Gemma2ForCausalLM`, `Gemma3ForCausalLM`, `GPTNeoXForCausalLM` or
+`GPT2LMHeadModel`. Supported:
 
 - LLaMA family (`model_type` llama, mistral without a sliding window, or qwen2 without one):
   `model.embed_tokens`, `model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
@@ -15,6 +16,19 @@ both files so that transformers loads them as `LlamaForCausalLM`, `Qwen2ForCausa
   Qwen3 is LLaMA with `self_attn.{q,k}_norm.weight`, an RMSNorm of each head's q and k before RoPE
   (ModelConfig.qk_norm; a model with it exports as qwen3), no biases, and `head_dim` from the config
   (transformers' default 128 when absent).
+- Gemma 2 (`gemma2`) and Gemma 3's text model (`gemma3_text`, `Gemma3ForCausalLM`): LLaMA's tensor
+  names plus `post_attention_layernorm` (after attention: ModelConfig.sandwich_norm),
+  `pre_feedforward_layernorm` (LLaMA's post_attention_layernorm: before the MLP) and
+  `post_feedforward_layernorm`, every RMSNorm weight stored as w - 1 (norm_plus_one), the MLP
+  GeGLU with `hidden_activation` a tanh GELU, embeddings scaled by sqrt(hidden_size) (embed_scale),
+  scores by 1/sqrt(`query_pre_attn_scalar`), `attn_logit_softcapping` (Gemma 2; Gemma 3 must leave
+  it null, as transformers' Gemma 3 ignores it) and `final_logit_softcapping`, `sliding_window`
+  layers as `layer_types` lists them (or `sliding_window_pattern`: every p-th layer global; other
+  arrangements are refused). Gemma 3 adds `self_attn.{q,k}_norm` (qk_norm) and RoPE per layer
+  type: `rope_parameters.sliding_attention` (transformers 4: `rope_local_base_freq`, plain RoPE)
+  and `.full_attention` (`rope_theta` and `rope_scaling`: plain or linear). Tied embeddings unless
+  `tie_word_embeddings` is false. The multimodal `gemma3` checkpoints (4B and up, with a vision
+  tower) are refused: export their text model as `gemma3_text` first.
 - GPT-NeoX / Pythia (`GPTNeoXForCausalLM`): `gpt_neox.embed_in`, `gpt_neox.layers.N.{
   input_layernorm, post_attention_layernorm, attention.query_key_value, attention.dense,
   mlp.dense_h_to_4h, mlp.dense_4h_to_h}` (weights [out, in], all with biases, LayerNorms too),
@@ -59,16 +73,20 @@ INDEX = "model.safetensors.index.json"
 
 LLAMA_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+GEMMA_TYPES = {"gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+LAYER_TYPES = ("sliding_attention", "full_attention")
 GPT2_CLASS = "GPT2LMHeadModel"
 NEOX_CLASS = "GPTNeoXForCausalLM"
 NEOX_HEAD = "embed_out.weight"  # GPT-NeoX's untied head as published (transformers 5: lm_head).
 # Every model_type `load` reads, in the order errors list them.
-SUPPORTED = (*LLAMA_TYPES, "gpt2", "gpt_neox")
+SUPPORTED = (*LLAMA_TYPES, *GEMMA_TYPES, "gpt2", "gpt_neox")
 # Reward models (`save(..., reward_pad_id=...)`): the decoder plus a one-label `score` layer.
 REWARD_CLASSES = {"llama": "LlamaForSequenceClassification",
                   "mistral": "MistralForSequenceClassification",
                   "qwen2": "Qwen2ForSequenceClassification",
                   "qwen3": "Qwen3ForSequenceClassification",
+                  "gemma2": "Gemma2ForSequenceClassification",
+                  "gemma3_text": "Gemma3TextForSequenceClassification",
                   "gpt2": "GPT2ForSequenceClassification",
                   "gpt_neox": "GPTNeoXForSequenceClassification"}
 # The keys of a `rope_type: llama3` scaling block, and the ModelConfig field each sets.
@@ -139,18 +157,25 @@ def config_from_json(config: dict[str, Any], path: str = CONFIG,
                      dtype: str = "float32") -> ModelConfig:
   """The ModelConfig a parsed `config.json` describes (`path` names it in errors)."""
   model_type = config.get("model_type")
+  if model_type == "gemma3":
+    raise ConfigError(f"{path}: model_type 'gemma3' (Gemma 3 with its vision tower) is not "
+                      f"supported: rlhfjax reads Gemma 3's text model, model_type 'gemma3_text' "
+                      f"({', '.join(SUPPORTED)})")
   if model_type not in SUPPORTED:
     raise ConfigError(f"{path}: model_type {model_type!r} is not supported "
                       f"({', '.join(SUPPORTED)})")
   if model_type in LLAMA_TYPES:  # The LLaMA family reads any of its classes.
     allowed = (*LLAMA_TYPES.values(), *(REWARD_CLASSES[t] for t in LLAMA_TYPES))
   else:
-    allowed = ({"gpt2": GPT2_CLASS, "gpt_neox": NEOX_CLASS}[model_type], REWARD_CLASSES[model_type])
+    allowed = ({"gpt2": GPT2_CLASS, "gpt_neox": NEOX_CLASS, **GEMMA_TYPES}[model_type],
+               REWARD_CLASSES[model_type])
   archs = config.get("architectures") or list(allowed[:1])
   if not set(archs) & set(allowed):
     raise ConfigError(f"{path}: architectures {archs} has no model rlhfjax reads ({allowed})")
   if model_type in LLAMA_TYPES:
     return _llama_config(config, path, dtype)
+  if model_type in GEMMA_TYPES:
+    return _gemma_config(config, path, dtype)
   if model_type == "gpt_neox":
     return _neox_config(config, path, dtype)
   return _gpt2_config(config, path, dtype)
@@ -192,6 +217,94 @@ def _llama_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
       norm_eps=float(get("rms_norm_eps", 1e-6)), qkv_bias=model_type == "qwen2",
       qk_norm=model_type == "qwen3", **_rope_settings(config, path), dtype=dtype,
       param_dtype=dtype)
+
+
+def _window_pattern(config: dict[str, Any], path: str, n_layers: int, default: int) -> int:
+  """ModelConfig.sliding_window_pattern from `layer_types` (transformers 5), else
+  `sliding_window_pattern` (or `default`): every p-th layer full_attention, the others
+  sliding_attention (0: all sliding; -1 stands for all full, no window)."""
+  types = config.get("layer_types")
+  if types is None:
+    return int(config.get("sliding_window_pattern") or default)
+  unknown = sorted(set(types) - set(LAYER_TYPES))
+  if unknown or len(types) != n_layers:
+    raise ConfigError(f"{path}: layer_types must list {n_layers} of {LAYER_TYPES}, got {types}")
+  if "full_attention" not in types:  # All local: the family's pattern if it says as much.
+    p = int(config.get("sliding_window_pattern") or default)
+    return p if n_layers < p else 0
+  if "sliding_attention" not in types:
+    return -1
+  p = types.index("full_attention") + 1
+  if types != [LAYER_TYPES[(i + 1) % p == 0] for i in range(n_layers)]:
+    raise ConfigError(f"{path}: layer_types {types} is not supported (every p-th layer "
+                      "full_attention, the others sliding_attention)")
+  return p
+
+
+def _gemma_rope(config: dict[str, Any], path: str, gemma3: bool) -> dict[str, Any]:
+  """ModelConfig's RoPE fields of Gemma 2 (one plain RoPE) or Gemma 3 (the local layers' plain RoPE
+  and the global layers' own base, plain or linearly scaled), in transformers 5's
+  `rope_parameters` or transformers 4's keys."""
+  if not gemma3:
+    rope = _rope_settings(config, path)
+    if "rope_scaling_factor" in rope:
+      raise ConfigError(f"{path}: rope scaling is not supported for gemma2 (plain RoPE only)")
+    return rope
+  params = config.get("rope_parameters") or {}
+  if set(params) & set(LAYER_TYPES):  # transformers 5: one block per layer type.
+    full, local, where = (params.get("full_attention") or {}, params.get("sliding_attention") or {},
+                          "rope_parameters.")
+  else:  # transformers 4: the global layers' rope_theta and rope_scaling, the local base apart.
+    full = {**(config.get("rope_scaling") or {}), **params}
+    full.setdefault("rope_theta", config.get("rope_theta") or 1e6)
+    local = {"rope_theta": config.get("rope_local_base_freq") or 1e4}
+    where = ""
+  kinds = {n: b.get("rope_type", b.get("type", "default"))
+           for n, b in (("full_attention", full), ("sliding_attention", local))}
+  if kinds["sliding_attention"] != "default":
+    raise ConfigError(f"{path}: {where}sliding_attention rope_type {kinds['sliding_attention']!r} "
+                      "is not supported (plain RoPE on the sliding-window layers only)")
+  if kinds["full_attention"] not in ("default", "linear"):
+    raise ConfigError(f"{path}: {where}full_attention rope_type {kinds['full_attention']!r} is not "
+                      "supported (plain or linear RoPE on the global layers)")
+  out = {"rope_theta": float(full.get("rope_theta") or 1e6),
+         "rope_local_theta": float(local.get("rope_theta") or 1e4)}
+  if kinds["full_attention"] == "linear":
+    out.update(rope_scaling_type="linear", rope_scaling_factor=float(_key(full, path, "factor")))
+  return out
+
+
+def _gemma_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
+  """Gemma 2 or Gemma 3's text model (transformers' Gemma2Config / Gemma3TextConfig defaults for
+  absent keys)."""
+  get = lambda key, default=...: _key(config, path, key, default)
+  gemma3 = config["model_type"] == "gemma3_text"
+  act = get("hidden_activation", "gelu_pytorch_tanh")
+  if act not in TANH_GELUS:
+    raise ConfigError(f"{path}: hidden_activation={act!r} is not supported: rlhfjax's Gemma MLP is "
+                      f"GeGLU with the tanh approximation of GELU ({', '.join(TANH_GELUS)})")
+  _refuse_others(config, path, {"attention_bias": False, "use_bidirectional_attention": False})
+  # Present as null means off; absent means the config class's default.
+  attn_cap = config.get("attn_logit_softcapping", None if gemma3 else 50.0)
+  if attn_cap is not None and gemma3:
+    raise ConfigError(f"{path}: attn_logit_softcapping={attn_cap!r} is not supported for "
+                      "gemma3_text (transformers' Gemma 3 does not apply it; null only)")
+  final_cap = config.get("final_logit_softcapping", None if gemma3 else 30.0)
+  n_layers = int(get("num_hidden_layers"))
+  pattern = _window_pattern(config, path, n_layers, default=6 if gemma3 else 2)
+  window = 0 if pattern == -1 else int(get("sliding_window", 4096))
+  d, h = int(get("hidden_size")), int(get("num_attention_heads"))
+  return ModelConfig(
+      variant="llama", vocab_size=int(get("vocab_size")), d_model=d, n_layers=n_layers, n_heads=h,
+      n_kv_heads=int(get("num_key_value_heads", h)), d_ff=int(get("intermediate_size")),
+      max_len=int(get("max_position_embeddings")), head_dim=int(get("head_dim", 256)),
+      tie_embeddings=bool(get("tie_word_embeddings", True)),
+      norm_eps=float(get("rms_norm_eps", 1e-6)), qk_norm=gemma3, norm_plus_one=True,
+      sandwich_norm=True, mlp_activation="gelu_tanh", embed_scale=True,
+      query_pre_attn_scalar=float(get("query_pre_attn_scalar", 256)),
+      attn_softcap=float(attn_cap or 0.0), final_softcap=float(final_cap or 0.0),
+      sliding_window=window, sliding_window_pattern=max(pattern, 0) if window else 0,
+      **_gemma_rope(config, path, gemma3), dtype=dtype, param_dtype=dtype)
 
 
 def _neox_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
@@ -246,7 +359,9 @@ def _gpt2_config(config: dict[str, Any], path: str, dtype: str) -> ModelConfig:
 
 def _model_type(cfg: ModelConfig) -> str:
   """The HF `model_type` `cfg` exports as: HF's LLaMA has no q/k/v-only biases, Qwen2 does,
-  Qwen3 has q/k norms."""
+  Qwen3 has q/k norms; Gemma's switches make a Gemma 3 (with q/k norms) or a Gemma 2."""
+  if cfg.variant == "llama" and _gemma_switches(cfg):
+    return "gemma3_text" if cfg.qk_norm else "gemma2"
   if cfg.variant == "llama":
     return "qwen3" if cfg.qk_norm else "qwen2" if cfg.qkv_bias else "llama"
   return "gpt_neox" if cfg.variant == "neox" else "gpt2"
@@ -262,10 +377,49 @@ def _rotary_pct(cfg: ModelConfig) -> float:
   raise ConfigError(f"model.rotary_dim={rot} has no rotary_pct of a {dh}-dimensional head")
 
 
+def _gemma_switches(cfg: ModelConfig) -> list[str]:
+  """The Gemma switches `cfg` has on."""
+  return [k for k, on in (("norm_plus_one", cfg.norm_plus_one),
+                          ("sandwich_norm", cfg.sandwich_norm),
+                          ("mlp_activation", cfg.mlp_activation != "silu"),
+                          ("embed_scale", cfg.embed_scale)) if on]
+
+
+def _number(x: float) -> int | float:
+  """An integral value as an int (transformers' strict configs type some of these keys int)."""
+  return int(x) if float(x).is_integer() else x
+
+
+def _gemma_hf_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
+  """Gemma 2's or Gemma 3's `config.json` keys (inverse of `_gemma_config`)."""
+  local = cfg.local_layers
+  full_rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+  if cfg.rope_scaling_factor != 1:
+    full_rope.update(rope_type="linear", factor=cfg.rope_scaling_factor)
+  rope = full_rope if model_type == "gemma2" else {
+      "full_attention": full_rope,
+      "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta or 1e4}}
+  return {"architectures": [GEMMA_TYPES[model_type]], "model_type": model_type,
+          "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+          "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+          "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.dim_per_head,
+          "intermediate_size": cfg.d_ff, "hidden_activation": "gelu_pytorch_tanh",
+          "max_position_embeddings": cfg.max_len, "rms_norm_eps": cfg.norm_eps,
+          "query_pre_attn_scalar": _number(cfg.attn_scale_dim),
+          "attn_logit_softcapping": cfg.attn_softcap or None,
+          "final_logit_softcapping": cfg.final_softcap or None,
+          "sliding_window": cfg.sliding_window or cfg.max_len,
+          "layer_types": [LAYER_TYPES[not is_local] for is_local in local],
+          "rope_parameters": rope, "attention_bias": False, "attention_dropout": 0.0,
+          "use_bidirectional_attention": False}
+
+
 def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
   """The `config.json` of `cfg` (inverse of `config_from_json`)."""
   model_type = _model_type(cfg)
-  if cfg.variant == "llama":
+  if model_type in GEMMA_TYPES:
+    out = _gemma_hf_config(cfg, model_type)
+  elif cfg.variant == "llama":
     scaling = None if cfg.rope_scaling_factor == 1 else {
         "rope_type": "llama3", **{k: getattr(cfg, field) for k, field in LLAMA3_ROPE.items()}}
     out = {"architectures": [LLAMA_TYPES[model_type]], "model_type": model_type,
@@ -306,12 +460,14 @@ def _hf_config(cfg: ModelConfig, torch_dtype: str) -> dict[str, Any]:
 
 def _llama_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Tensors:
   d, h, kv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.dim_per_head, cfg.d_ff
+  # Gemma's four norms: LLaMA's second one (before the MLP) is its pre_feedforward_layernorm.
+  mlp_norm = "pre_feedforward_layernorm" if cfg.sandwich_norm else "post_attention_layernorm"
   out = {"attn_norm/scale": t("input_layernorm.weight", (d,)),
          "attn/q": t("self_attn.q_proj.weight", (h * dh, d)).T.reshape(d, h, dh),
          "attn/k": t("self_attn.k_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
          "attn/v": t("self_attn.v_proj.weight", (kv * dh, d)).T.reshape(d, kv, dh),
          "attn/o": t("self_attn.o_proj.weight", (d, h * dh)).T.reshape(h, dh, d),
-         "mlp_norm/scale": t("post_attention_layernorm.weight", (d,)),
+         "mlp_norm/scale": t(mlp_norm + ".weight", (d,)),
          "mlp/wg": t("mlp.gate_proj.weight", (f, d)).T,
          "mlp/wi": t("mlp.up_proj.weight", (f, d)).T,
          "mlp/wo": t("mlp.down_proj.weight", (d, f)).T}
@@ -321,6 +477,9 @@ def _llama_layer(t: Callable[[str, tuple], np.ndarray], cfg: ModelConfig) -> Ten
   if cfg.qk_norm:
     out.update({"attn/q_norm": t("self_attn.q_norm.weight", (dh,)),
                 "attn/k_norm": t("self_attn.k_norm.weight", (dh,))})
+  if cfg.sandwich_norm:
+    out.update({"attn_post_norm/scale": t("post_attention_layernorm.weight", (d,)),
+                "mlp_post_norm/scale": t("post_feedforward_layernorm.weight", (d,))})
   return out
 
 
@@ -331,7 +490,8 @@ def _llama_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
          "self_attn.k_proj.weight": p["attn/k"].reshape(d, kv * dh).T,
          "self_attn.v_proj.weight": p["attn/v"].reshape(d, kv * dh).T,
          "self_attn.o_proj.weight": p["attn/o"].reshape(h * dh, d).T,
-         "post_attention_layernorm.weight": p["mlp_norm/scale"],
+         ("pre_feedforward_layernorm.weight" if cfg.sandwich_norm
+          else "post_attention_layernorm.weight"): p["mlp_norm/scale"],
          "mlp.gate_proj.weight": p["mlp/wg"].T, "mlp.up_proj.weight": p["mlp/wi"].T,
          "mlp.down_proj.weight": p["mlp/wo"].T}
   if cfg.qkv_bias:
@@ -339,6 +499,9 @@ def _llama_layer_hf(p: Tensors, cfg: ModelConfig) -> Tensors:
   if cfg.qk_norm:
     out.update({"self_attn.q_norm.weight": p["attn/q_norm"],
                 "self_attn.k_norm.weight": p["attn/k_norm"]})
+  if cfg.sandwich_norm:
+    out.update({"post_attention_layernorm.weight": p["attn_post_norm/scale"],
+                "post_feedforward_layernorm.weight": p["mlp_post_norm/scale"]})
   return out
 
 
@@ -606,6 +769,7 @@ def _check_exportable(params: dict, cfg: ModelConfig) -> None:
   if name and (cfg.n_kv_heads != cfg.n_heads or cfg.dim_per_head * cfg.n_heads != cfg.d_model):
     raise ConfigError(f"{name} checkpoints need model.n_kv_heads == model.n_heads and "
                       "model.head_dim == model.d_model / model.n_heads")
+  _check_gemma_exportable(cfg)
   # Switches no transformers family of this variant has.
   family = {"llama": "LLaMA, Qwen2 and Qwen3", "gpt2": "GPT-2"}.get(cfg.variant)
   unexportable = [k for k, on in (("parallel_residual", cfg.parallel_residual),
@@ -620,6 +784,39 @@ def _check_exportable(params: dict, cfg: ModelConfig) -> None:
   if want != have:
     raise ConfigError(f"the parameters do not match the model config: missing "
                       f"{sorted(want - have)}, unexpected {sorted(have - want)}")
+
+
+def _check_gemma_exportable(cfg: ModelConfig) -> None:
+  """Gemma's switches come all together (a Gemma 2 or 3) or not at all, with only the details its
+  family has: no soft-cap, window or linear RoPE scaling outside Gemma, no attention soft-cap in
+  Gemma 3, one RoPE for all layers in Gemma 2."""
+  model_type = _model_type(cfg)
+  if model_type in GEMMA_TYPES:
+    name = "Gemma 3" if model_type == "gemma3_text" else "Gemma 2"
+    missing = sorted({"norm_plus_one", "sandwich_norm", "mlp_activation", "embed_scale"}
+                     - set(_gemma_switches(cfg)))
+    extra = [k for k, on in (
+        ("qkv_bias", cfg.qkv_bias), ("parallel_residual", cfg.parallel_residual),
+        ("rotary_dim", bool(cfg.rotary_dim)),
+        ("attn_softcap", bool(cfg.attn_softcap) and model_type == "gemma3_text"),
+        ("rope_local_theta", bool(cfg.rope_local_theta) and model_type == "gemma2"),
+        ("rope_scaling_factor", cfg.rope_scaling_factor != 1 and (
+            model_type == "gemma2" or cfg.rope_scaling_type != "linear"))) if on]
+    if missing:
+      raise ConfigError(f"a Gemma checkpoint needs all of Gemma's switches: model.{missing[0]} is "
+                        f"off (with {', '.join(_gemma_switches(cfg))} on)")
+    if extra:
+      raise ConfigError(f"model.{extra[0]} has no Hugging Face layout in {name} checkpoints")
+    return
+  gemma_only = [k for k, on in (("attn_softcap", cfg.attn_softcap), ("final_softcap",
+                                                                     cfg.final_softcap),
+                                ("sliding_window", cfg.sliding_window),
+                                ("query_pre_attn_scalar", cfg.query_pre_attn_scalar),
+                                ("rope_scaling_type", cfg.rope_scaling_type != "llama3"
+                                 and cfg.rope_scaling_factor != 1)) if on]
+  if gemma_only:
+    raise ConfigError(f"model.{gemma_only[0]} has no Hugging Face layout in {model_type} "
+                      "checkpoints (Gemma 2 and 3 have it, with all of Gemma's switches)")
 
 
 def _paths(tree: dict, is_leaf: Callable[[Any], bool], prefix: str = "") -> set[str]:

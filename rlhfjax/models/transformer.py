@@ -14,7 +14,23 @@ attention, no biases but optional q/k/v biases as in Qwen2), laid out like Huggi
 real checkpoints load unchanged, and `neox` (GPT-NeoX / Pythia: RoPE, LayerNorm, exact-GELU MLP,
 biases everywhere). Switches on top, each one family's detail: `qk_norm` (Qwen3: RMSNorm of each
 head's q and k, before RoPE), `rotary_dim` (GPT-NeoX: RoPE on each head's first dimensions only)
-and `parallel_residual` (GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))).
+and `parallel_residual` (GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x))); Gemma 2 and 3's (see
+ModelConfig): RMSNorm by 1 + w (`norm_plus_one`), norms after attention and MLP too
+(`sandwich_norm`), GeGLU (`mlp_activation`), embeddings times sqrt(d_model) (`embed_scale`),
+`query_pre_attn_scalar`, soft-caps of the attention scores and output logits, and sliding-window
+layers with a RoPE base of their own (`rope_local_theta`).
+
+Sliding windows: a local layer's query at position p sees the real keys at positions
+p - sliding_window + 1 .. p, positions as the model counts them (real tokens only), so a
+left-padded prompt, samples packed after a shared prompt and a KV cache all get the window the
+unpadded row would. Local and global layers differ only in their mask (and RoPE table), so the
+layers stay one `lax.scan`, a per-layer flag choosing between the two. The KV cache keeps every
+slot for every layer and a local layer masks the reads outside its window (masked reads, not a
+ring buffer of `sliding_window` slots): one cache layout for all layers, so the sampler's prefill,
+its blocked reads (`cache_read`), its sharding in the rollout layout and `task=compile` are those
+of every other family; the price is memory and reads for slots a local layer never uses, nothing
+at the lengths RLHF samples (prompt plus response within Gemma 3's 512 to 1024-token windows),
+up to (1 - 1/pattern) of the cache at long contexts.
 
 A tree may carry LoRA adapters under `lora` (models/lora.py); every projection adds those it finds.
 
@@ -24,6 +40,7 @@ are real; positions count real tokens only, so a left-padded prompt starts at po
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -57,6 +74,9 @@ def _dims(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None
       "mlp/wi": ((d, f), ("embed", "mlp")),
       "mlp/wo": ((f, d), ("mlp", "embed")),
   }
+  if cfg.sandwich_norm:  # Gemma 2/3: post_attention_layernorm, post_feedforward_layernorm.
+    out.update({"attn_post_norm/scale": ((d,), ("embed",)),
+                "mlp_post_norm/scale": ((d,), ("embed",))})
   if cfg.biases:
     out.update({
         "attn_norm/bias": ((d,), ("embed",)),
@@ -103,7 +123,7 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 def init(rng: jax.Array, cfg: ModelConfig) -> Params:
   """Normal(0.02) weights; residual output projections scaled by 1/sqrt(2 L); norm scales (q/k
-  norms included) 1, biases 0."""
+  norms included) 1 (stored as 0 under `norm_plus_one`), biases 0."""
   dtype = jnp.dtype(cfg.param_dtype)
   dims = _dims(cfg)
   keys = dict(zip(dims, jax.random.split(rng, len(dims))))
@@ -113,7 +133,7 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
     full = (cfg.n_layers,) + shape
     name = path.split("/")[1]
     if name in ("scale", "q_norm", "k_norm"):
-      layers[path] = jnp.ones(full, dtype)
+      layers[path] = (jnp.zeros if cfg.norm_plus_one else jnp.ones)(full, dtype)
     elif "bias" in name or name in ("bi", "bo"):
       layers[path] = jnp.zeros(full, dtype)
     else:
@@ -124,7 +144,8 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
       "embed": {"embedding": (0.02 * jax.random.normal(k_emb, (cfg.vocab_size, cfg.d_model))
                               ).astype(dtype)},
       "layers": _nest(layers),
-      "final_norm": {"scale": jnp.ones((cfg.d_model,), dtype)},
+      "final_norm": {"scale": (jnp.zeros if cfg.norm_plus_one else jnp.ones)((cfg.d_model,),
+                                                                             dtype)},
   }
   if cfg.variant == "gpt2":
     params["pos_embed"] = {"embedding": (0.01 * jax.random.normal(k_pos, (cfg.max_len, cfg.d_model))
@@ -139,43 +160,58 @@ def init(rng: jax.Array, cfg: ModelConfig) -> Params:
 
 def _norm(x: jax.Array, p: Params, cfg: ModelConfig) -> jax.Array:
   """LayerNorm (gpt2, neox) or RMSNorm (llama) over the last axis, computed in float32."""
-  return _normalize(x, p["scale"], p.get("bias"), cfg.norm_eps, center=cfg.layer_norm)
+  return _normalize(x, p["scale"], p.get("bias"), cfg.norm_eps, center=cfg.layer_norm,
+                    plus_one=cfg.norm_plus_one)
 
 
 def _normalize(x: jax.Array, scale: jax.Array, bias: jax.Array | None, eps: float,
-               center: bool) -> jax.Array:
+               center: bool, plus_one: bool = False) -> jax.Array:
+  """`plus_one`: multiplied by 1 + scale (Gemma), the sum taken in float32 as transformers does."""
   x32 = x.astype(jnp.float32)
   if center:
     x32 = x32 - x32.mean(-1, keepdims=True)
   y = x32 * jax.lax.rsqrt(jnp.square(x32).mean(-1, keepdims=True) + eps)
-  y = y * scale.astype(jnp.float32)
+  y = y * (1.0 + scale.astype(jnp.float32) if plus_one else scale.astype(jnp.float32))
   if bias is not None:
     y = y + bias.astype(jnp.float32)
   return y.astype(x.dtype)
 
 
-def rope_frequencies(cfg: ModelConfig) -> jax.Array:
+def rope_frequencies(cfg: ModelConfig, local: bool = False) -> jax.Array:
   """The rotary angular frequency of each dimension pair [R/2] (R = `cfg.rotary_dims`, the head's
   rotated dimensions): theta^(-2i/R), rescaled as Llama 3.1 does when `cfg.rope_scaling_factor` is
   not 1 (slow pairs divided by the factor, fast ones kept, a smooth blend between), so a long
-  context reuses the angles seen in training."""
+  context reuses the angles seen in training, or all divided by it (`rope_scaling_type` linear).
+  `local`: a sliding-window layer's, which with `cfg.rope_local_theta` has that base and no
+  scaling (Gemma 3)."""
   half = cfg.rotary_dims // 2
+  if local and cfg.rope_local_theta:
+    return cfg.rope_local_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   freq = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   if cfg.rope_scaling_factor == 1:
     return freq
+  if cfg.rope_scaling_type == "linear":
+    return freq / cfg.rope_scaling_factor
   low, high = cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
   wavelen = 2 * math.pi / freq
   smooth = jnp.clip((cfg.rope_original_max_len / wavelen - low) / (high - low), 0.0, 1.0)
   return (1 - smooth) * freq / cfg.rope_scaling_factor + smooth * freq
 
 
-def _rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig) -> jax.Array:
+def _rope(x: jax.Array, positions: jax.Array, cfg: ModelConfig,
+          local: bool | jax.Array = False) -> jax.Array:
   """Rotary embedding, rotate-half form, on each head's first R = `cfg.rotary_dims` dimensions
   (all of them but in GPT-NeoX): dims i and i + R/2 form a pair, dims from R on pass unchanged, as
-  in Hugging Face's GPT-NeoX. x: [B,T,H,Dh]."""
+  in Hugging Face's GPT-NeoX. x: [B,T,H,Dh]. `local` (a bool, or traced in the layers' scan):
+  the frequencies of a sliding-window layer (`rope_frequencies`)."""
   rot = cfg.rotary_dims
   half = rot // 2
-  freq = rope_frequencies(cfg)
+  if not cfg.rope_local_theta:  # One RoPE for every layer.
+    freq = rope_frequencies(cfg)
+  elif isinstance(local, bool):
+    freq = rope_frequencies(cfg, local=local)
+  else:
+    freq = jnp.where(local, rope_frequencies(cfg, local=True), rope_frequencies(cfg))
   angle = positions[..., None].astype(jnp.float32) * freq  # [B,T,half]
   cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
   x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:rot].astype(jnp.float32)
@@ -191,7 +227,8 @@ def _dropout(x: jax.Array, rate: float, rng: jax.Array | None) -> jax.Array:
 
 
 def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig,
-         ad: Params | None = None, scale: jax.Array | None = None):
+         ad: Params | None = None, scale: jax.Array | None = None,
+         local: bool | jax.Array = False):
   """Query, key and value projections [B,T,heads,Dh] (plus their LoRA adapters `ad`, if any):
   biases added (gpt2, neox, or llama with `qkv_bias`), each head's q and k RMS-normalised
   (`qk_norm`), then RoPE applied (llama, neox): the order of Hugging Face's Qwen2 and Qwen3."""
@@ -202,22 +239,23 @@ def _qkv(p: Params, x: jax.Array, positions: jax.Array, cfg: ModelConfig,
   if cfg.biases or cfg.qkv_bias:
     q, k, v = q + p["q_bias"].astype(dt), k + p["k_bias"].astype(dt), v + p["v_bias"].astype(dt)
   if cfg.qk_norm:
-    q = _normalize(q, p["q_norm"], None, cfg.norm_eps, center=False)
-    k = _normalize(k, p["k_norm"], None, cfg.norm_eps, center=False)
+    q = _normalize(q, p["q_norm"], None, cfg.norm_eps, center=False, plus_one=cfg.norm_plus_one)
+    k = _normalize(k, p["k_norm"], None, cfg.norm_eps, center=False, plus_one=cfg.norm_plus_one)
   if cfg.variant != "gpt2":
-    q, k = _rope(q, positions, cfg), _rope(k, positions, cfg)
+    q, k = _rope(q, positions, cfg, local), _rope(k, positions, cfg, local)
   return q, k, v
 
 
 def _attend(p: Params, q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
             cfg: ModelConfig, rng: jax.Array | None, heads_major: bool,
             ad: Params | None = None, scale: jax.Array | None = None,
-            causal: bool = False, packed: bool = False) -> jax.Array:
+            causal: bool = False, packed: bool = False,
+            local: bool | jax.Array = False) -> jax.Array:
   """Softmax attention of q [B,T,H,Dh] over k, v ([B,S,KV,Dh], or [B,KV,S,Dh] if `heads_major`)
   by the kernel `cfg.attention` names (see models/attention.py), then the output projection."""
   dt = q.dtype
   out = attention.attend(q, k, v, allowed, cfg, heads_major=heads_major, causal=causal,
-                         packed=packed, rng=rng)
+                         packed=packed, rng=rng, local=local)
   out = jnp.einsum("bthk,hkd->btd", out, p["o"].astype(dt)) + lora.delta(out, ad, "o", scale)
   if cfg.biases:
     out = out + p["o_bias"].astype(dt)
@@ -231,8 +269,9 @@ def _mlp(p: Params, x: jax.Array, cfg: ModelConfig, ad: Params | None = None,
   if cfg.biases:  # GPT-2's tanh approximation of GELU; GPT-NeoX's exact (erf) GELU.
     hid = jax.nn.gelu(proj(x, "wi") + p["bi"].astype(dt), approximate=cfg.variant == "gpt2")
     return proj(hid, "wo") + p["bo"].astype(dt)
-  hid = jax.nn.silu(proj(x, "wg")) * proj(x, "wi")
-  return proj(hid, "wo")
+  gate = proj(x, "wg")  # SwiGLU, or Gemma's GeGLU with the tanh GELU (gelu_pytorch_tanh).
+  gate = jax.nn.silu(gate) if cfg.mlp_activation == "silu" else jax.nn.gelu(gate, approximate=True)
+  return proj(gate * proj(x, "wi"), "wo")
 
 
 def positions_from_mask(mask: jax.Array) -> jax.Array:
@@ -334,17 +373,29 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
     q_idx = cache_index + jnp.arange(t)
     read = cache_read or key_mask.shape[1]
     k_idx = jnp.arange(read)
+    key_positions = positions_from_mask(key_mask)[:, :read] if cfg.sliding_window else None
   else:
     key_mask = mask
     if positions is None:
       positions = positions_from_mask(mask)
     q_idx = k_idx = jnp.arange(t)
+    key_positions = positions
   allowed = (k_idx[None, :] <= q_idx[:, None])[None] & key_mask[:, None, :len(k_idx)]  # [B,T,S]
   if segments is not None:
     allowed &= ((segments[None, :] == 0) | (segments[None, :] == segments[:, None]))[None]
+  # A local layer's keys: those fewer than `sliding_window` positions back (see the module doc).
+  in_window = (None if not cfg.sliding_window else
+               positions[:, :, None] - key_positions[:, None, :] < cfg.sliding_window)
+
+  def layer_allowed(local):
+    if in_window is None or local is False:
+      return allowed
+    return allowed & in_window if local is True else allowed & (in_window | ~local)
 
   dt = jnp.dtype(cfg.dtype)
   x = params["embed"]["embedding"].astype(dt)[tokens]
+  if cfg.embed_scale:  # The factor rounded to the compute dtype first, as Gemma's checkpoints were.
+    x = x * jnp.asarray(math.sqrt(cfg.d_model), jnp.float32).astype(dt)
   if cfg.variant == "gpt2":
     x = x + params["pos_embed"]["embedding"].astype(dt)[positions]
   rngs = (None if dropout_rng is None or cfg.dropout <= 0
@@ -358,13 +409,15 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
   scale = None if adapters is None else adapters["scale"]
   ad_layers = None if adapters is None else {g: a for g, a in adapters.items() if g != "scale"}
 
-  def block(x, p, rng, kv, ad):
+  def block(x, p, rng, kv, ad, local):
     r = (None, None, None) if rng is None else tuple(jax.random.split(rng, 3))
     ad_attn, ad_mlp = (None, None) if ad is None else (ad.get("attn"), ad.get("mlp"))
-    q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg, ad_attn, scale)
+    q, k, v = _qkv(p["attn"], _norm(x, p["attn_norm"], cfg), positions, cfg, ad_attn, scale,
+                   local)
+    allowed = layer_allowed(local)
     if kv is None:  # Attend over the tokens themselves.
       h = _attend(p["attn"], q, k, v, allowed, cfg, r[0], heads_major=False, ad=ad_attn,
-                  scale=scale, causal=True, packed=segments is not None)
+                  scale=scale, causal=True, packed=segments is not None, local=local)
       kv = (k, v) if keep_kv else None
     else:  # Write this call's keys/values at their slots, then attend over the slots read.
       start = (0, 0, cache_index, 0)
@@ -375,30 +428,41 @@ def _forward(params, tokens, cfg, mask, positions, cache, cache_index, dropout_r
           c, new.transpose(0, 2, 1, 3).astype(c.dtype), start), CACHE_AXES)
                  for c, new in zip(kv, (k, v)))
       h = _attend(p["attn"], q, *(c[:, :, :allowed.shape[-1]] for c in kv), allowed, cfg, r[0],
-                  heads_major=True, ad=ad_attn, scale=scale)
+                  heads_major=True, ad=ad_attn, scale=scale, local=local)
+    if cfg.sandwich_norm:
+      h = _norm(h, p["attn_post_norm"], cfg)
     h = _dropout(h, cfg.dropout, r[1])
     # Parallel residual (GPT-NeoX): the MLP reads the block's input, not x + attention.
     mlp_in = x if cfg.parallel_residual else x + h
-    m = _dropout(_mlp(p["mlp"], _norm(mlp_in, p["mlp_norm"], cfg), cfg, ad_mlp, scale), cfg.dropout,
-                 r[2])
+    m = _mlp(p["mlp"], _norm(mlp_in, p["mlp_norm"], cfg), cfg, ad_mlp, scale)
+    if cfg.sandwich_norm:
+      m = _norm(m, p["mlp_post_norm"], cfg)
+    m = _dropout(m, cfg.dropout, r[2])
     x = x + h + m if cfg.parallel_residual else mlp_in + m
     return sharding_rules.constrain(x, ACTIVATION_AXES), kv
 
-  block = checkpointed(block, cfg)
+  # Each layer's block under the remat policy, its `local` flag (a bool, or traced in the scan)
+  # closed over rather than an argument, so that a Python bool stays static.
+  run_block = lambda local: checkpointed(functools.partial(block, local=local), cfg)
   layer_rngs = None if rngs is None else rngs[:-1]
+  local_layers = cfg.local_layers
   if cache is None and cfg.scan_layers:
-    def layer(x, inputs):
-      p, rng, ad = inputs
-      return block(x, p, rng, None, ad)
+    # Which layers are local rides along as data when they differ; else it is a constant.
+    mixed = len(set(local_layers)) > 1
+    flags = jnp.asarray(local_layers) if mixed else None
 
-    x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs, ad_layers))
+    def layer(x, inputs):
+      p, rng, ad, local = inputs
+      return run_block(local if mixed else local_layers[0])(x, p, rng, None, ad)
+
+    x, kv = jax.lax.scan(layer, x, (params["layers"], layer_rngs, ad_layers, flags))
     return _norm(x, params["final_norm"], cfg), None, kv
   # A decode step, or unrolled layers (scan_layers=False): one layer after another.
   kvs = []
   for i in range(cfg.n_layers):
     p, ad = jax.tree.map(lambda a, i=i: a[i], (params["layers"], ad_layers))
     kv = None if cache is None else (cache["k"][i], cache["v"][i])
-    x, kv = block(x, p, None if layer_rngs is None else layer_rngs[i], kv, ad)
+    x, kv = run_block(local_layers[i])(x, p, None if layer_rngs is None else layer_rngs[i], kv, ad)
     kvs.append(kv)
   x = _norm(x, params["final_norm"], cfg)
   if cache is None:
@@ -431,12 +495,16 @@ def checkpointed(block: Callable, cfg: ModelConfig) -> Callable:
 
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
-  """Next-token logits in float32, through the tied embedding or a separate head."""
+  """Next-token logits in float32, through the tied embedding or a separate head, soft-capped
+  (cap * tanh(logits / cap), in float32) when `cfg.final_softcap` is set."""
   if cfg.tie_embeddings:
     w = params["embed"]["embedding"].astype(hidden.dtype).T
   else:
     w = params["lm_head"]["kernel"].astype(hidden.dtype)
-  return (hidden @ w).astype(jnp.float32)
+  logits = (hidden @ w).astype(jnp.float32)
+  if cfg.final_softcap:
+    logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
+  return logits
 
 
 def token_logprobs(params: Params, tokens: jax.Array, mask: jax.Array, cfg: ModelConfig, *,
