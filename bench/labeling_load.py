@@ -72,6 +72,7 @@ PROTOCOL = "alpacafarm"
 ANSWERS = ("left", "right", "tie")
 ASSIGNMENT = re.compile(r'data-assignment="(\d+)"')
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+SHOWN = re.compile(r'data-pair="(\d+)" data-swapped="([01])"')  # The pair and order on the page.
 WORDS = ("the model answer says that a short list of steps helps when the question is about "
          "cooking travel money code health or history and each step is clear").split()
 
@@ -231,7 +232,7 @@ async def labeler(url: str, name: str, token: str, stats: Stats, deadline: float
     form = re.search(r'name="csrf" value="([^"]+)"', r.text)
     r, _ = await _request(client, stats, "POST /login", "POST", "/login", give_up_at,
                           data={"token": token, "csrf": form.group(1) if form else ""})
-    if r.status_code != 303 or "rlhfjax_session" not in client.cookies:
+    if r.status_code != 303 or not any(c.startswith("rlhfjax_session") for c in client.cookies):
       stats.errors[f"POST /login: HTTP {r.status_code}"] += 1
       stats.gave_up += 1
       return
@@ -246,10 +247,11 @@ async def labeler(url: str, name: str, token: str, stats: Stats, deadline: float
         stats.finished_labelers += 1
         return
       n = int(assignment.group(1))
+      pair, swapped = map(int, SHOWN.search(r.text).groups())
       answers = {"preference": rng.choice(ANSWERS)}
       submission = secrets.token_hex(16)
       body = {"csrf": csrf.group(1), "submission": submission, "answers": answers,
-              "seconds": rng.uniform(5, 60)}
+              "seconds": rng.uniform(5, 60), "pair": pair, "swapped": swapped}
       r, seconds = await _request(client, stats, "POST /label", "POST", f"/label/{n}",
                                   give_up_at, json=body,
                                   headers={"X-CSRF-Token": csrf.group(1)})
@@ -263,7 +265,8 @@ async def labeler(url: str, name: str, token: str, stats: Stats, deadline: float
       if n in stats.acked and stats.acked[n]["submission"] != submission:
         stats.double_acks.append((n, stats.acked[n]["submission"], submission))
       stats.acked[n] = {"labeler": name, "submission": submission, "answers": answers,
-                        "status": reply.get("status"), "reply_assignment": reply.get("assignment")}
+                        "status": reply.get("status"), "reply_assignment": reply.get("assignment"),
+                        "pair": pair, "swapped": swapped}
 
 
 async def killer(server: Server, stats: Stats, at: float) -> None:
@@ -306,7 +309,8 @@ def check(db_path: str, stats: Stats, settings: store_lib.Settings,
   if integrity != ["ok"]:
     fail.append(f"integrity_check: {integrity[:5]}")
   labels = {r["assignment_id"]: r for r in q(
-      "SELECT l.*, a.swapped, a.labeler_id, a.done, lb.name FROM labels l JOIN assignments a ON "
+      "SELECT l.*, a.swapped, a.item_id, a.labeler_id, a.done, lb.name FROM labels l JOIN "
+      "assignments a ON "
       "a.id = l.assignment_id JOIN labelers lb ON lb.id = a.labeler_id")}
   n_labels = q("SELECT COUNT(*) FROM labels")[0][0]
   if n_labels != len(labels):
@@ -320,13 +324,14 @@ def check(db_path: str, stats: Stats, settings: store_lib.Settings,
     expected = protocols.canonical(protocol, ack["answers"], bool(row["swapped"])).preference
     if (row["name"] != ack["labeler"] or row["submission"] != ack["submission"]
         or json.loads(row["shown"]) != ack["answers"] or row["preference"] != expected
-        or row["revisions"] != 0 or ack["reply_assignment"] != n):
+        or row["revisions"] != 0 or ack["reply_assignment"] != n
+        or (row["item_id"], row["swapped"]) != (ack["pair"], ack["swapped"])):
       wrong += 1
   if lost:
     fail.append(f"{lost} acknowledged labels are not in the database")
   if wrong:
     fail.append(f"{wrong} acknowledged labels are stored with other answers, submission, "
-                "labeler or revisions")
+                "labeler, revisions, pair or left/right order")
   if stats.double_acks:
     fail.append(f"{len(stats.double_acks)} assignments acknowledged for two submissions "
                 f"(e.g. {stats.double_acks[0]})")
