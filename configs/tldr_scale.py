@@ -6,7 +6,8 @@
 
 The argument names an architecture of rlhfjax/models/architectures.py (smollm2-135m, smollm2-360m,
 smollm2-1.7b, llama3.2-1b, llama3.2-3b, llama3.1-8b, llama3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
-qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, pythia-1b, pythia-2.8b, pythia-6.9b).
+qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, pythia-1b, pythia-2.8b, pythia-6.9b, gemma-2-2b,
+gemma-2-9b, gemma-3-1b, gemma-3-4b, gemma-3-12b).
 Random weights are enough to compile and size a run; `model.init_from` (a Hugging Face directory
 of that model) loads the real ones and its tokenizer. Mixed precision as on TPU pods: float32
 master weights and AdamW moments, bfloat16 compute, rematerialised layers, attention without the
