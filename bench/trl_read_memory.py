@@ -7,8 +7,8 @@ Writes `--rows` rows of HH-style text (`--implicit`: HH-RLHF's layout, whole `ch
 `rejected` transcripts sharing their prompt; else TRL's explicit `prompt`, `chosen`, `rejected`) in
 row groups of `--row-group` rows, then reads it with `records.read(path, "trl")` in a fresh
 process and prints that process's peak resident memory (`ru_maxrss`): before reading (the
-interpreter, numpy, pyarrow: the current resident set), and at the end. The decoded text size is the UTF-8 bytes of the
-file's string columns. ARROW_DEFAULT_MEMORY_POOL=system makes pyarrow decode with the C allocator
+interpreter, numpy, pyarrow: the current resident set), and at the end. The decoded text size is
+the UTF-8 bytes of the file's string columns. ARROW_DEFAULT_MEMORY_POOL=system makes pyarrow decode with the C allocator
 instead of its default pool (mimalloc). Numbers measured here are in docs/data.md ("Memory").
 Prints numbers; asserts nothing.
 """
@@ -84,7 +84,8 @@ seconds = time.perf_counter() - t
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 held = sum(len(c.prompt.encode()) + len(c.response_a.encode()) + len(c.response_b.encode())
            for c in comps)
-print(json.dumps({"pool": pyarrow.default_memory_pool().backend_name, "records": len(comps), "problems": len(problems), "seconds": seconds,
+print(json.dumps({"pool": pyarrow.default_memory_pool().backend_name, "records": len(comps),
+                  "problems": len(problems), "seconds": seconds,
                   "rss_before": before, "rss_peak": peak, "record_text_bytes": held}))
 """
 
@@ -117,7 +118,8 @@ def main() -> None:
   print(f"{r['rows']:,} rows ({'implicit' if args.implicit else 'explicit'} prompt), Parquet "
         f"{mib(r['file_bytes'])} in row groups of {args.row_group:,}; decoded text "
         f"{mib(text_bytes)} ({text_bytes / r['rows']:.0f} bytes a row)")
-  print(f"read {r['records']:,} records in {r['seconds']:.1f} s (pyarrow pool {r['pool']}); peak RSS {mib(r['rss_peak'])} "
+  print(f"read {r['records']:,} records in {r['seconds']:.1f} s (pyarrow pool {r['pool']}); "
+        f"peak RSS {mib(r['rss_peak'])} "
         f"= {r['rss_peak'] / text_bytes:.2f}x the decoded text (before reading: "
         f"{mib(r['rss_before'])}; growth {mib(grown)} = {grown / text_bytes:.2f}x, "
         f"{(grown - r['record_text_bytes']) / r['rows']:.0f} bytes a record beyond its text)")

@@ -17,7 +17,8 @@ from rlhfjax.labeling import protocols  # noqa: E402
 from rlhfjax.labeling import server  # noqa: E402
 from rlhfjax.labeling import store as store_lib  # noqa: E402
 
-from test_labeling import labeler, pair, page_ids, seen, shown, sign_in, stiennon_answers  # noqa: E402,E501
+from test_labeling import (  # noqa: E402
+    labeler, pair, page_ids, seen, shown, sign_in, stiennon_answers)
 
 
 def make(tmp_path, n=3, **settings) -> store_lib.Store:
@@ -218,5 +219,6 @@ def test_the_counter_shows_the_labelers_share_and_goal(tmp_path):
 
 
 def test_times_are_marked_up_for_local_time():
-  assert str(server._when(1_700_000_000.0)) == ('<time datetime="2023-11-14T22:13:20+00:00">2023-11-14 22:13 UTC</time>')
+  assert str(server._when(1_700_000_000.0)) == (
+      '<time datetime="2023-11-14T22:13:20+00:00">2023-11-14 22:13 UTC</time>')
   assert server._when(None) == "—"
