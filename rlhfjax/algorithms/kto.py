@@ -42,6 +42,7 @@ from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
+from rlhfjax.data import tables
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.models import lora
 from rlhfjax.models import policy
@@ -137,7 +138,7 @@ def _binary_file(path: str, layout: str = records.BINARY,
                  columns: dict[str, str] | None = None) -> list[records.Feedback]:
   """The good records of a file of binary feedback (`kto.layout`: 'binary' or TRL's unpaired
   'trl'; any file `records.read_binary` takes); the malformed ones are left out and named."""
-  if not os.path.exists(path) and not any(ch in path for ch in "*?["):
+  if not os.path.exists(path) and not tables.is_pattern(path):
     raise FileNotFoundError(f"binary feedback file not found: {path} (run task=label with "
                             "label.protocol=binary, or set kto.train_file)")
   items, problems = records.read_binary(path, layout, columns if layout == records.TRL else None)

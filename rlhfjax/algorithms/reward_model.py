@@ -44,6 +44,7 @@ import optax
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
+from rlhfjax.data import tables
 from rlhfjax.errors import ConfigError, DataError
 from rlhfjax.feedback import annotators
 from rlhfjax.feedback import contrast
@@ -149,7 +150,7 @@ def load_comparisons(path: str, layout: str, key: str = "", report: bool = True,
   read and kept, followed by the malformed ones (file:line or file: row N). `key` names the config
   key that chose the file, for the error when nothing decisive is left; `columns` maps TRL's
   names to the file's (layout `trl`)."""
-  if not os.path.exists(path) and not any(ch in path for ch in "*?["):
+  if not os.path.exists(path) and not tables.is_pattern(path):
     raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
                             "rm.train_file / rm.valid_file)")
   needs = f"{key} needs at least one pair with a preferred side" if key else ""

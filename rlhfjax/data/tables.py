@@ -78,10 +78,15 @@ def _save_to_disk_files(directory: str) -> list[str] | None:
   return [os.path.join(directory, n) for n in names] or arrows
 
 
+def is_pattern(path: str) -> bool:
+  """Whether `path` is a glob (`data/train-*.parquet`) rather than one file or directory."""
+  return any(c in path for c in "*?[")
+
+
 def files(path: str) -> list[tuple[str, str]]:
   """(file, kind) of every file `path` names (a file, a directory, or a glob), in reading order;
   a DataError when it names none."""
-  if any(c in path for c in "*?["):
+  if is_pattern(path):
     found = sorted((p for p in glob_lib.glob(path, recursive=True) if os.path.isfile(p)),
                    key=_natural)
     if not found:
