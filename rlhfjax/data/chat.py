@@ -63,12 +63,15 @@ def response_string(tok: Any, messages: Sequence[tuple[str, str]] | None, text: 
 
 def prompt_ids(tok: Any, prompt: str, messages: Sequence[tuple[str, str]] | None,
                max_tokens: int) -> list[int]:
+  """The prompt's token ids, its last `max_tokens` when longer (the turn nearest the response)."""
   ids = tok.encode(prompt_string(tok, prompt, messages))
   return ids[len(ids) - max_tokens:] if len(ids) > max_tokens else ids
 
 
 def response_ids(tok: Any, messages: Sequence[tuple[str, str]] | None, text: str,
                  max_tokens: int) -> list[int]:
+  """The response's token ids then eos (once, when the template's turn end is not eos already); a
+  response too long keeps its first `max_tokens` and no eos, as `formats.response_tokens` does."""
   ids = tok.encode(response_string(tok, messages, text))
   if not ids or ids[-1] != tok.eos_id:
     ids = ids + [tok.eos_id]
