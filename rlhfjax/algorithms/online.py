@@ -30,6 +30,7 @@ from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
+from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
@@ -88,7 +89,7 @@ def group(c: Any, k: int) -> int:
 
 
 def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
-               cfg: Any, c: Any, eos_id: int, group: int = 1) -> dict[str, jax.Array]:
+               cfg: Any, c: Any, eos_id: sampling.EosIds, group: int = 1) -> dict[str, jax.Array]:
   """`engine.experience` of the current policy under the method's sampling and truncation knobs
   (`temperature`, `penalize_no_eos`, `no_eos_score`), each prompt computed once for its `group`
   adjacent samples (see `group`); `ref_params` None: the LoRA policy's base."""
@@ -100,14 +101,14 @@ def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
 
 
 def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,
-                  eos_id: int) -> dict[str, jax.Array]:
+                  eos_id: sampling.EosIds) -> dict[str, jax.Array]:
   """TRL's rollout metrics every critic-free method logs, from `experience`'s output: the summed
   per-token KL (log π − log π_ref) and entropy, the scores before and after the truncation rule,
   the eos count and the mean response length."""
   return {"objective/kl": (e["logprobs"] - e["ref_logprobs"]).sum(-1).mean(),
           "objective/entropy": e["entropy"].sum(-1).mean(),
           "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
-          "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+          "val/num_eos_tokens": sampling.is_eos(batch["response"], eos_id).sum().astype(jnp.float32),
           "response/length": batch["response_mask"].astype(jnp.float32).sum(-1).mean()}
 
 
@@ -240,13 +241,13 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
   state, shardings = par.train_state(make, axes, tx, ref_params)
   if exp.lora.applies_to("policy"):
     ref_params = None
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids),
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   if refill is not None:  # The step's layout and shardings, less the rng.
     refill = dataclasses.replace(refill, informative=par.jit(
-        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_id),
+        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_ids),
         (shardings, None if ref_params is None else shardings.params["policy"],
          par.shardings(reward_model.param_axes(exp), reward_params), par.batch),
         par.replicated))

@@ -42,6 +42,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import lora
 from rlhfjax.models import policy
+from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
@@ -178,7 +179,7 @@ def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig, te
 
 def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                kl_coef: jax.Array, *, cfg: ModelConfig, c: Any,
-               eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+               eos_id: sampling.EosIds) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
   """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout; with
   `truncated_is`, the TIS weights of its tokens too (online.tis_weights)."""
   m = batch["response_mask"]
@@ -196,7 +197,7 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "objective/scores": scores.mean(), "objective/raw_scores": raw.mean(),
            "objective/rlhf_reward": (scores - kl_coef * kl_sum).mean(),
            "objective/non_score_reward": (-kl_coef * kl_sum).mean(), "objective/kl_coef": kl_coef,
-           "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+           "val/num_eos_tokens": sampling.is_eos(batch["response"], eos_id).sum().astype(jnp.float32),
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
@@ -230,7 +231,7 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
 
 def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int,
+               eos_id: sampling.EosIds,
                value_cfg: ModelConfig | None = None) -> tuple[PPOState, dict[str, jax.Array]]:
   """Experience and update for one rollout batch, then the KL-controller update. `ref_params` None:
   the reference is the LoRA policy with its adapters off. `cfg` is the policy's (the forward-only
@@ -340,7 +341,7 @@ def train(exp: experiment.Experiment) -> PPOState:
   ref_params = (None if exp.lora.applies_to("policy")
                 else frozen(ref_params, c.frozen_dtype))
   reward_params = frozen(reward_params, c.frozen_dtype)
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id,
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids,
                                       value_cfg=value_cfg),
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,

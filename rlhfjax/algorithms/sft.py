@@ -175,7 +175,7 @@ def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
   out = engine.generate_split(exp, params, prompts, jax.random.key(exp.config.seed + 1),
                              e.batch_size, e.temperature, e.top_k, e.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
-  ended = np.any(out["response"] == exp.tokenizer.eos_id, axis=1)
+  ended = np.isin(out["response"], exp.tokenizer.eos_ids).any(axis=1)
   outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature,
                ended_with_eos=float(ended.mean()))
   return texts

@@ -56,7 +56,7 @@ def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int =
   r = exp.config.get("rollout", {})
   return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
                                  temperature=temperature, top_k=top_k, top_p=top_p,
-                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id,
+                                 eos_id=exp.tokenizer.eos_ids, pad_id=exp.tokenizer.pad_id,
                                  early_stop=bool(r.get("early_stop", True)),
                                  cache_block=int(r.get("cache_block", 0)))
 
@@ -191,13 +191,13 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[pip
   return texts, (np.concatenate(kls) if kls else None)
 
 
-def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
+def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: sampling.EosIds,
                          penalty_score: float) -> jax.Array:
   """Scores with `penalty_score` in place of the reward of every response that has no eos."""
-  return jnp.where((response == eos_id).any(-1), scores, penalty_score)
+  return jnp.where(sampling.is_eos(response, eos_id).any(-1), scores, penalty_score)
 
 
-def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: int,
+def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: sampling.EosIds,
                    no_eos_score: float | None, group: int = 1) -> tuple[jax.Array, jax.Array]:
   """(scores, raw scores) [B]: the reward model read at each response's last real token, and the
   scores after the truncation rule (`no_eos_score` for a response without eos; None: no rule).
@@ -209,7 +209,7 @@ def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, 
 
 
 def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
-               cfg: ModelConfig, temperature: float, eos_id: int,
+               cfg: ModelConfig, temperature: float, eos_id: sampling.EosIds,
                no_eos_score: float | None, group: int = 1) -> dict[str, jax.Array]:
   """What every critic-free online method needs of a sampled batch, in one pure function: per-token
   log-probs of the policy and the reference at the sampling temperature and the policy's entropy
