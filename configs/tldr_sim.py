@@ -60,6 +60,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # has its eos (early_stop) and reads the KV cache in blocks of cache_block tokens, each step only
   # up to its block's end (0: every slot at every step).
   c.rollout = dict(mesh="auto", dtype="auto", early_stop=True, cache_block=128)
+  # The online methods' reward (rlhfjax/rollout/reward_functions.py): reward functions, each
+  # 'module:function' or 'file.py:function', comma-separated, with their weights ('' = all 1.0),
+  # plus model_weight times the reward model's score (0: functions alone, no reward model).
+  c.reward = dict(functions="", weights="", model_weight=1.0)
 
   # The decoder (see rlhfjax/models/config.py for the meaning of each key).
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
