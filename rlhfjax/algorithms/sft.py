@@ -177,7 +177,7 @@ def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
   ended = np.isin(out["response"], exp.tokenizer.eos_ids).any(axis=1)
   outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature,
-               ended_with_eos=float(ended.mean()))
+               ended_with_eos=float(ended.mean()), **outputs.pass_counts(exp, params, examples))
   return texts
 
 

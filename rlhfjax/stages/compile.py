@@ -103,7 +103,7 @@ _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # The critic-free online methods whose update (experience and minibatch passes) compiles as
 # `<task>_update`; dapo and gspo are grpo.py under their own blocks.
-CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "reinforce_pp": reinforce_pp}
+CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "dr_grpo": grpo, "reinforce_pp": reinforce_pp}
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
