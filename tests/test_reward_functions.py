@@ -8,10 +8,12 @@ import shutil
 import numpy as np
 import pytest
 
+from conftest import load_config
 from rlhfjax import main
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import reward_functions
+from rlhfjax.simulated import arithmetic
 from rlhfjax.training import metrics as metrics_lib
 
 FUNCTIONS = '''
@@ -125,9 +127,9 @@ def _workdir(tiny_pipeline, tmp_path, name, parts=("tokenizer.model", "sft", "rm
   return str(workdir)
 
 
-def _check_logged_means(workdir, task, steps, fn_names, functions_file):
+def _check_logged_means(workdir, task, steps, fn_names, functions_file, columns=lambda rows: {}):
   """The logged `rewards/<name>/mean` of each step is the function on that step's logged
-  completions (completions.jsonl), recomputed here from the texts."""
+  completions (completions.jsonl), recomputed here from the texts (and `columns(rows)`)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
   spec = importlib.util.spec_from_file_location("again", functions_file)
   module = importlib.util.module_from_spec(spec)
@@ -141,7 +143,7 @@ def _check_logged_means(workdir, task, steps, fn_names, functions_file):
       if name == "short":  # Reads completion_ids: compare with what was logged per row.
         got = [r["rewards"][name] for r in rows]
       else:
-        got = getattr(module, name)([""] * len(texts), texts, [[]] * len(texts))
+        got = getattr(module, name)([""] * len(texts), texts, [[]] * len(texts), **columns(rows))
       scored = [v for v in got if v is not None]
       assert logged[step + 1][f"rewards/{name}/mean"] == pytest.approx(np.mean(scored), abs=1e-6)
 
@@ -169,24 +171,34 @@ def test_online_methods_train_on_reward_functions_beside_the_reward_model(
   assert os.path.exists(f"{workdir}/expert_iteration/winners.json")
 
 
-def test_reward_functions_alone_need_no_reward_model(tiny_pipeline, tmp_path, functions_file):
-  """task=grpo with model_weight 0 runs from SFT alone (no labels, no reward model); a raising
-  function stops a run in one line naming it."""
-  config, _ = tiny_pipeline
-  workdir = _workdir(tiny_pipeline, tmp_path, "alone", parts=("tokenizer.model", "sft"))
-  changed = config.copy_and_resolve_references()
-  changed.stages = "grpo"
-  changed.reward.update(functions=f"{functions_file}:vowels", model_weight=0.0)
-  changed.grpo.steps = 2
-  main.run(changed, workdir)
-  assert not os.path.exists(f"{workdir}/rm")
-  _check_logged_means(workdir, "grpo", 2, ("vowels",), functions_file)
+def test_verifiable_task_needs_no_reward_model(tmp_path, functions_file):
+  """configs/verifiable.py:tiny: SFT, then GRPO and DAPO on the rule-based reward alone (no labels,
+  no reward model), then task=pass_at_k; DAPO logs the groups its dynamic sampling drops. A
+  function that returns too few values stops a run in one line naming it."""
+  config = load_config("verifiable", "tiny")
+  config.stages = "sft,grpo,dapo,pass_at_k"
+  config.eval.methods = "sft,grpo,dapo"
+  workdir = str(tmp_path / "run")
+  rows = main.run(config, workdir)
+  assert not os.path.exists(f"{workdir}/rm") and not os.path.exists(f"{workdir}/label")
+  assert [r["method"] for r in rows] == ["sft", "grpo", "dapo"]
+  assert all(0.0 <= r["pass@1"] <= r["pass@k"] <= 1.0 for r in rows)
+  d = config.data
+  examples = arithmetic.splits(d.seed, {k: d[k] for k in ("sft", "unlabeled", "validation", "test")},
+                               d.slip)["unlabeled"]
+  answer = {e.id: e.extra["answer"] for e in examples}
+  _check_logged_means(workdir, "grpo", config.grpo.steps, ("correct",), arithmetic.__file__,
+                      lambda rows: {"answer": [answer[r["id"]] for r in rows]})
+  dapo = metrics_lib.read_jsonl(f"{workdir}/dapo/metrics.jsonl")
+  for step in range(1, config.dapo.steps + 1):
+    assert 0.0 <= dapo[step]["dynamic_sampling/first_draw_dropped_fraction"] <= 1.0
+  # The scores the method trained on (before the truncation rule) are the function's alone.
   logged = metrics_lib.read_jsonl(f"{workdir}/grpo/metrics.jsonl")
   rows = metrics_lib.read_rows(f"{workdir}/grpo/completions.jsonl")[0]
-  # The scores the method trained on (before the truncation rule) are the function's alone.
   assert logged[1]["objective/raw_scores"] == pytest.approx(
       np.mean([r["function_reward"] for r in rows]), abs=1e-5)
-  broken = changed.copy_and_resolve_references()
+  broken = config.copy_and_resolve_references()
+  broken.stages = "grpo"
   broken.reward.functions = f"{functions_file}:too_few"
   with pytest.raises(reward_functions.RewardFunctionError, match="'too_few'"):
-    main.run(broken, _workdir(tiny_pipeline, tmp_path, "broken", ("tokenizer.model", "sft")))
+    main.run(broken, workdir)

@@ -322,7 +322,12 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
       kept.append(to_host(refill.informative(state, ref_params, reward_params, draws[-1][1])))
     order = refill_order(kept, groups) if len(draws) > 1 else None
     m = {"dynamic_sampling/gen_batches": float(len(draws)),
-         "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ()))}
+         "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ())),
+         # The share of sampled groups whose rewards were all equal: of the first draw (what the
+         # step would drop without a refill) and of every draw this iteration made.
+         "dynamic_sampling/first_draw_dropped_fraction": float(1.0 - kept[0].mean()),
+         "dynamic_sampling/drawn_dropped_fraction": float(
+             1.0 - np.concatenate(kept).mean())}
     if order is None:
       return first[1], rows, first[2], m
     host = [to_host(b) for _, b, _ in draws]
