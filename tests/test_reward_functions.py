@@ -127,7 +127,7 @@ def _workdir(tiny_pipeline, tmp_path, name, parts=("tokenizer.model", "sft", "rm
   return str(workdir)
 
 
-def _check_logged_means(workdir, task, steps, fn_names, functions_file, columns=lambda rows: {}):
+def check_logged_means(workdir, task, steps, fn_names, functions_file, columns=lambda rows: {}):
   """The logged `rewards/<name>/mean` of each step is the function on that step's logged
   completions (completions.jsonl), recomputed here from the texts (and `columns(rows)`)."""
   import importlib.util  # pylint: disable=g-import-not-at-top
@@ -148,25 +148,23 @@ def _check_logged_means(workdir, task, steps, fn_names, functions_file, columns=
       assert logged[step + 1][f"rewards/{name}/mean"] == pytest.approx(np.mean(scored), abs=1e-6)
 
 
-def test_online_methods_train_on_reward_functions_beside_the_reward_model(
+def test_ppo_best_of_n_and_expert_iteration_train_on_reward_functions(
     tiny_pipeline, tmp_path, functions_file):
-  """PPO and GRPO (the same loop as RLOO, DAPO, GSPO, REINFORCE++ and online DPO), best-of-N and
-  expert iteration, with two functions beside the reward model."""
+  """PPO, best-of-N and expert iteration with two functions beside the reward model (the
+  critic-free methods: test_methods_pipeline.py's online test)."""
   config, _ = tiny_pipeline
   workdir = _workdir(tiny_pipeline, tmp_path, "beside")
   changed = config.copy_and_resolve_references()
-  changed.stages = "ppo,grpo,best_of_n,expert_iteration"
+  changed.stages = "ppo,best_of_n,expert_iteration"
   changed.reward.update(functions=f"{functions_file}:vowels,{functions_file}:short",
                         weights="1.0,0.5", model_weight=0.5)
   changed.ppo.steps = 2
-  changed.grpo.steps = 2
   main.run(changed, workdir)
-  for task in ("ppo", "grpo"):
-    _check_logged_means(workdir, task, 2, ("vowels", "short"), functions_file)
-    rows = metrics_lib.read_rows(f"{workdir}/{task}/completions.jsonl")[1]
-    for r in rows:
-      want = r["rewards"]["short"] * 0.5 + (r["rewards"]["vowels"] or 0.0)
-      assert r["function_reward"] == pytest.approx(want, abs=1e-6)
+  check_logged_means(workdir, "ppo", 2, ("vowels", "short"), functions_file)
+  rows = metrics_lib.read_rows(f"{workdir}/ppo/completions.jsonl")[1]
+  for r in rows:
+    want = r["rewards"]["short"] * 0.5 + (r["rewards"]["vowels"] or 0.0)
+    assert r["function_reward"] == pytest.approx(want, abs=1e-6)
   assert os.path.exists(f"{workdir}/best_of_n/curve.json")
   assert os.path.exists(f"{workdir}/expert_iteration/winners.json")
 
@@ -187,7 +185,7 @@ def test_verifiable_task_needs_no_reward_model(tmp_path, functions_file):
   examples = arithmetic.splits(d.seed, {k: d[k] for k in ("sft", "unlabeled", "validation", "test")},
                                d.slip)["unlabeled"]
   answer = {e.id: e.extra["answer"] for e in examples}
-  _check_logged_means(workdir, "grpo", config.grpo.steps, ("correct",), arithmetic.__file__,
+  check_logged_means(workdir, "grpo", config.grpo.steps, ("correct",), arithmetic.__file__,
                       lambda rows: {"answer": [answer[r["id"]] for r in rows]})
   dapo = metrics_lib.read_jsonl(f"{workdir}/dapo/metrics.jsonl")
   for step in range(1, config.dapo.steps + 1):
