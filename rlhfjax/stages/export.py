@@ -4,7 +4,9 @@
       --config.task=export --config.export.model=ppo
 
 writes `<workdir>/export/ppo/` (`config.json` + `model.safetensors`), which transformers loads as
-`LlamaForCausalLM` / `GPT2LMHeadModel`; `export.model=rm` writes the normalised reward model as
+`LlamaForCausalLM` / `GPT2LMHeadModel`. Every policy a finished run trained exports (`LOADERS`:
+SFT, PPO, DPO, SimPO, the critic-free online methods, ...), its LoRA adapters merged;
+`export.model=rm` writes the normalised reward model as
 `*ForSequenceClassification` with one label and, for a model with a likelihood term, its weight in
 `config.json` (see `hf_checkpoint.save`). The tokenizer is not
 written: a pretrained run's is the source model's, the quickstart's is `<workdir>/tokenizer.model`.
@@ -12,11 +14,14 @@ written: a pretrained run's is the source model's, the quickstart's is `<workdir
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable
 
 import jax
 
+from rlhfjax.algorithms import dpo
+from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
@@ -33,6 +38,10 @@ LOADERS: dict[str, Callable[[experiment.Experiment], Any]] = {
     "feedme": lambda exp: sft.load_policy(exp, "feedme"),
     "reward_conditioning": lambda exp: sft.load_policy(exp, "reward_conditioning"),
     "ppo": ppo.load_policy,
+    "dpo": dpo.load_policy,
+    "simpo": lambda exp: dpo.load_policy(exp, "simpo"),
+    **{task: functools.partial(online.load_policy, task=task)
+       for task in ("rloo", "grpo", "dapo", "gspo", "reinforce_pp", "online_dpo")},
     "rm": lambda exp: reward_model.load(exp)[0],
 }
 
