@@ -338,8 +338,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
-  # task=export: a finished run (sft | expert_iteration | feedme | reward_conditioning | ppo | rm)
-  # as a Hugging Face directory (default <workdir>/export/<model>); dtype '' keeps each tensor's.
+  # task=export: a finished run (sft | expert_iteration | feedme | reward_conditioning | ppo | dpo |
+  # simpo | rloo | grpo | dapo | gspo | reinforce_pp | online_dpo | rm) as a Hugging Face directory
+  # (default <workdir>/export/<model>); dtype '' keeps each tensor's.
   c.export = dict(model="ppo", directory="", dtype="")
 
   if arg == "tiny":

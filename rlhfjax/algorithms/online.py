@@ -213,6 +213,30 @@ def refill_order(kept: list[np.ndarray], groups: int) -> list[tuple[int, int]]:
   return order[:groups]
 
 
+def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
+                 abstract: bool = False) -> tuple[TrainState, Any]:
+  """(state, shardings) of a critic-free method's policy `{'policy'}` trained from `init_params`
+  (with fresh adapters where LoRA applies to it); with `abstract`, a restore target."""
+  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  # A copy: the trained tree must not alias the frozen reference.
+  make = lambda p: TrainState.create(
+      {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
+  axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
+  return exp.parallel.train_state(make, axes, tx, init_params, abstract=abstract)
+
+
+def load_policy(exp: experiment.Experiment, task: str) -> Any:
+  """The policy of the finished run of the critic-free method `task` in `<workdir>/<task>`,
+  adapters merged."""
+  c = exp.config[task]
+  shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  # The schedule's length (updates per iteration) leaves the optimizer state's layout alone.
+  template, _ = policy_state(exp, adamw(c, 1, exp.trainable("policy")), shapes, abstract=True)
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints", template, c.steps,
+                                         task)
+  return lora.merged(state.params["policy"])
+
+
 def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
                  updates_per_step: int, annotate: Annotate | None = None,
                  refill: Refill | None = None) -> TrainState:
@@ -238,12 +262,7 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
                      f"{task}.share_prompt run replicated (raise {task}.minibatch_size or set "
                      f"share_prompt=False)")
   tx = adamw(c, updates_per_step, exp.trainable("policy"))
-  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
-  # A copy: the trained tree must not alias the frozen reference.
-  make = lambda p: TrainState.create(
-      {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
-  axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
-  state, shardings = par.train_state(make, axes, tx, ref_params)
+  state, shardings = policy_state(exp, tx, ref_params)
   if exp.lora.applies_to("policy"):
     ref_params = None
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids),

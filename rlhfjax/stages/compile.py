@@ -153,10 +153,7 @@ class Step:
 def model_config(config: Any) -> ModelConfig:
   """The model of a config: its `model` block, or the architecture a pretrained `init_from` names
   (only its shapes are needed here)."""
-  block = config.model.to_dict()
-  if block.get("init_from"):
-    return pretrained.model_config(pretrained.resolve(block["init_from"]), block)
-  return ModelConfig.from_mapping({k: v for k, v in block.items() if k != "init_from"})
+  return pretrained.block_config(config.model.to_dict())
 
 
 def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Experiment:
