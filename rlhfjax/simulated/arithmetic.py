@@ -42,7 +42,10 @@ TEMPLATES = (
     ("{name} has {a} {obj} and loses {b} of them.", "-"),
     ("{name} has {a} {obj} and sells {b} of them.", "-"),
 )
-QUESTION = " How many {obj} does {name} have now?\nAnswer:"
+ANSWER_CUE = "\nAnswer:"
+QUESTION = " How many {obj} does {name} have now?" + ANSWER_CUE
+# What a chat model is asked beside the question, so that its answer reads as the rule expects.
+INSTRUCTION = "Show the calculation, then end with: The answer is <number>."
 _ANSWER = re.compile(r"answer is (-?\d+)")
 
 
@@ -73,9 +76,12 @@ def slipped(rng: np.random.Generator, a: int, op: str, b: int, answer: int) -> t
   return op, wrong if wrong >= 0 else answer + 1
 
 
-def splits(seed: int, sizes: Mapping[str, int], slip: float) -> dict[str, list[pipeline.Example]]:
+def splits(seed: int, sizes: Mapping[str, int], slip: float, chat: bool = False
+           ) -> dict[str, list[pipeline.Example]]:
   """The pipeline's splits (`sft`, `pref`, `unlabeled`, `validation`, `test`) from `seed`. The
-  SFT split's references slip at rate `slip`; every other reference is the right solution."""
+  SFT split's references slip at rate `slip`; every other reference is the right solution. `chat`:
+  conversational records, the question and `INSTRUCTION` one user turn (for an instruct model's
+  chat template), the solution the assistant's."""
   if not 0.0 <= slip < 1.0:
     raise ValueError(f"data.slip must be in [0, 1), got {slip}")
   rng = np.random.default_rng([seed, 41])
@@ -87,7 +93,7 @@ def splits(seed: int, sizes: Mapping[str, int], slip: float) -> dict[str, list[p
       seen.add(text)
       test.append((text, answer, parts))
   out: dict[str, list[pipeline.Example]] = {"test": [
-      _example(f"test-{i}", t, ans, solution(parts[0], parts[1], parts[2], ans))
+      _example(f"test-{i}", t, ans, solution(parts[0], parts[1], parts[2], ans), chat)
       for i, (t, ans, parts) in enumerate(test)]}
   for split in ("sft", "unlabeled", "validation"):
     examples = []
@@ -99,13 +105,17 @@ def splits(seed: int, sizes: Mapping[str, int], slip: float) -> dict[str, list[p
       if split == "sft" and rng.random() < slip:
         shown_op, result = slipped(rng, a, op, b, answer)
       examples.append(_example(f"{split}-{len(examples)}", text, answer,
-                               solution(a, shown_op, b, result)))
+                               solution(a, shown_op, b, result), chat))
     out[split] = examples
   out["pref"] = out["sft"]
   return out
 
 
-def _example(id_: str, text: str, answer: int, reference: str) -> pipeline.Prompted:
+def _example(id_: str, text: str, answer: int, reference: str, chat: bool) -> pipeline.Prompted:
+  if chat:
+    question = text.removesuffix(ANSWER_CUE) + " " + INSTRUCTION
+    return pipeline.Prompted(id=id_, prompt=question, messages=(("user", question),),
+                             reference=reference.strip(), extra={"answer": str(answer)})
   return pipeline.Prompted(id=id_, prompt=text, messages=None, reference=reference,
                            extra={"answer": str(answer)})
 
