@@ -40,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The reward: the rule alone. A response cut off before eos scores as its answer says (the rule
   # reads the final number; there is no truncation penalty beside it).
   c.reward = dict(functions=CORRECT, weights="", model_weight=0.0)
-  rl = dict(steps=40, rollout_batch=64, k=8, minibatch_size=32, lr=1e-3, penalize_no_eos=False,
+  rl = dict(steps=60, rollout_batch=64, k=8, minibatch_size=32, lr=3e-4, penalize_no_eos=False,
             eval_every=20, eval_examples=128)
   for method in ("grpo", "dapo", "gspo"):
     c[method].update(rl)
