@@ -45,12 +45,13 @@ setuptools.setup(
         # over HTTP and in a real browser (Selenium with the system's chromium and chromedriver);
         # import-linter checks that the packages import in one direction (.importlinter);
         # transformers on PyTorch is the reference the model families are checked against
-        # (tests/test_transformers_parity.py). A plain `torch` from PyPI is a CUDA build of
+        # (tests/test_transformers_parity.py; with accelerate it reads SmolLM2's GGUF file for
+        # tests/test_pretrained.py). A plain `torch` from PyPI is a CUDA build of
         # several GB: .ci/run installs the CPU build first (pip's `torch==2.13.0` here takes the
         # 190 MB CPU wheel on this machine's disk; elsewhere PyTorch's CPU index has one).
         "test": ["pytest>=8", "pytest-xdist>=3.8", "nbclient>=0.10", "nbformat>=5.9",
                  "ipykernel>=6.29", "httpx>=0.27", "selenium>=4.20", "import-linter>=2.1",
-                 "torch>=2.4", "transformers>=5.0", *LABEL],
+                 "torch>=2.4", "transformers>=5.0", "accelerate>=1.0", *LABEL],
         # libtpu: run on TPU VMs, and on any host compile steps for TPU slices (task=compile).
         "tpu": ["jax[tpu]>=0.5"],
     },

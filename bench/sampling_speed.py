@@ -5,7 +5,12 @@
 
 Random parameters (`transformer.init`), or a config's pretrained model (`model.init_from`: the
 real weights), and random left-padded prompts; temperature-1 sampling with
-eos disabled, so every one of `response_len` new tokens counts. Each batch size is compiled once
+eos disabled, so every one of `response_len` new tokens counts. `--model KEY=VALUE` changes a
+model setting, e.g. a sliding window on every other layer (Gemma's local layers: the cache keeps
+every slot and a local layer masks its reads, see models/transformer.py) to compare with none:
+
+  python bench/sampling_speed.py --batches 64 --model sliding_window=32 \
+      --model sliding_window_pattern=2 Each batch size is compiled once
 (excluded), then timed best-of-3. Prefill is timed as a `max_new_tokens=1` call, and decode is the
 rest: the `response_len - 1` forward passes after the first token. Model FLOPs per token are 2 * (non-embedding matmul parameters) + 2 * d_model * vocab (the LM
 head) + 4 * layers * d_model * (attended slots); the fraction is against a nominal `--peak-gflops`
@@ -15,6 +20,7 @@ head) + 4 * layers * d_model * (attended slots); the fraction is against a nomin
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 
@@ -25,7 +31,7 @@ from rlhfjax.models import pretrained
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
-from throughput import load_config, matmul_params, timeit
+from throughput import load_config, matmul_params, matmul_peak, timeit
 
 
 def flops(cfg: ModelConfig, batch: int, plen: int, new: int) -> tuple[float, float]:
@@ -50,10 +56,18 @@ def main() -> None:
   ap.add_argument("--repeats", type=int, default=2)
   ap.add_argument("--peak-gflops", type=float, default=88.0)
   ap.add_argument("--json", default="", help="also write the numbers here")
+  ap.add_argument("--model", action="append", default=[], metavar="KEY=VALUE",
+                  help="a model setting (a ModelConfig field), e.g. sliding_window=32")
   args = ap.parse_args()
 
   config = load_config(args.config)
   mblock = config.model.to_dict()
+  for setting in args.model:
+    key, value = setting.split("=", 1)
+    try:
+      mblock[key] = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+      mblock[key] = value  # A string, e.g. mlp_activation=gelu_tanh.
   if mblock.get("init_from"):
     path = pretrained.resolve(mblock["init_from"])
     mcfg = pretrained.model_config(path, mblock)
@@ -65,6 +79,8 @@ def main() -> None:
   scfg = sampling.SamplingConfig(max_new_tokens=rlen, temperature=1.0, eos_id=-1, pad_id=0)
   prefill_cfg = sampling.SamplingConfig(max_new_tokens=1, temperature=1.0, eos_id=-1, pad_id=0)
   rng = np.random.default_rng(0)
+  peak = matmul_peak()
+  print(f"float32 matmul peak measured now: {peak / 1e9:.1f} GFLOP/s")
   print(f"model {mcfg.variant} d{mcfg.d_model} L{mcfg.n_layers} H{mcfg.n_heads} V{mcfg.vocab_size} "
         f"{mcfg.dtype}; prompt_len {plen}, new tokens {rlen}; {jax.devices()[0].device_kind} "
         f"x{jax.device_count()}, {os.cpu_count()} cpus")
@@ -94,6 +110,8 @@ def main() -> None:
         "model_gflops": (f_pre + f_dec) / total / 1e9,
         "fraction_of_peak": (f_pre + f_dec) / total / (args.peak_gflops * 1e9),
         "decode_fraction_of_peak": f_dec / decode / (args.peak_gflops * 1e9),
+        "fraction_of_measured_peak": (f_pre + f_dec) / total / peak,
+        "sliding_window": mcfg.sliding_window,
     }
     results.append(row)
     print(f"batch {batch:4d}: {row['samples_per_s']:7.1f} samples/s  {row['tokens_per_s']:8.0f} tok/s"
@@ -101,7 +119,8 @@ def main() -> None:
           f"({row['prefill_tokens_per_s']:.0f} prompt tok/s) + decode {decode * 1e3:7.1f} ms "
           f"({row['decode_ms_per_step']:.2f} ms/step, {row['decode_tokens_per_s']:.1f} tok/s)"
           f"  | {row['model_gflops']:5.2f} GFLOP/s = {100 * row['fraction_of_peak']:4.1f}% of "
-          f"{args.peak_gflops:g} (decode {100 * row['decode_fraction_of_peak']:4.1f}%)")
+          f"{args.peak_gflops:g} (decode {100 * row['decode_fraction_of_peak']:4.1f}%), "
+          f"{100 * row['fraction_of_measured_peak']:4.1f}% of the measured peak")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(results, f, indent=2)

@@ -60,6 +60,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # has its eos (early_stop) and reads the KV cache in blocks of cache_block tokens, each step only
   # up to its block's end (0: every slot at every step).
   c.rollout = dict(mesh="auto", dtype="auto", early_stop=True, cache_block=128)
+  # The online methods' reward (rlhfjax/rollout/reward_functions.py): reward functions, each
+  # 'module:function' or 'file.py:function', comma-separated, with their weights ('' = all 1.0),
+  # plus model_weight times the reward model's score (0: functions alone, no reward model).
+  c.reward = dict(functions="", weights="", model_weight=1.0)
 
   # The decoder (see rlhfjax/models/config.py for the meaning of each key).
   c.model = dict(variant="gpt2", vocab_size=c.tokenizer.get_ref("vocab_size"), d_model=128,
@@ -92,10 +96,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # 'reference' summaries, or another method's answers, e.g. 'sft') with `annotator` (the
   # evaluation pool; 'rm' on real data, which has no simulated annotators) and plots the
   # over-optimisation curves (compare_runs: other workdirs whose PPO and best-of-N curves join the
-  # plot, e.g. a beta sweep or noiseless labels).
+  # plot, e.g. a beta sweep or noiseless labels). On a verifiable task (configs/verifiable.py)
+  # pass_k > 0 samples each test prompt pass_k times at pass_temperature and marks each sample with
+  # the reward function `correct` ('module:function', 1.0 = right) for task=pass_at_k.
   c.eval = dict(num_examples=256, batch_size=64, show=3, temperature=0.7, top_k=0, top_p=1.0,
                 methods="sft,ppo,best_of_n,expert_iteration", against="reference",
-                compare_runs="", annotator="eval_pool")
+                compare_runs="", annotator="eval_pool", pass_k=0, pass_temperature=1.0,
+                correct="")
 
   # Simulated annotators (AlpacaFarm-style pool for the simulated world): each member's traits are
   # drawn uniformly from these (low, high) ranges. Utility = weights . gold components + length_bias
@@ -224,6 +231,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # (3e-4, 4e-4), no KL term, the per-sequence mean ('grpo'); GRPO's epochs and minibatches.
   c.gspo = dict(c.grpo, importance_sampling_level="sequence", cliprange=3e-4,
                 cliprange_high=4e-4, beta=0.0)
+  # task=dr_grpo: Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), the GRPO step
+  # with neither the std division of the advantage nor each response's length as the normaliser
+  # (a constant, sequences x response_len).
+  c.dr_grpo = dict(c.grpo, loss_type="dr_grpo", scale_rewards="none")
   # REINFORCE++ (Hu et al. 2025; OpenRLHF's defaults): PPO's per-token reward (-kl_coef x the k1
   # KL on every token, the score on the last) without a critic; the return is the reward-to-go
   # (gamma) and the advantage that return whitened over every real token of the rollout batch
@@ -327,8 +338,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Checkpoints: every `every` steps, keep the last `keep`; a rerun in the workdir resumes.
   c.checkpoint = dict(every=100, keep=2)
 
-  # task=export: a finished run (sft | expert_iteration | feedme | reward_conditioning | ppo | rm)
-  # as a Hugging Face directory (default <workdir>/export/<model>); dtype '' keeps each tensor's.
+  # task=export: a finished run (sft | expert_iteration | feedme | reward_conditioning | ppo | dpo |
+  # simpo | rloo | grpo | dapo | gspo | reinforce_pp | online_dpo | rm) as a Hugging Face directory
+  # (default <workdir>/export/<model>); dtype '' keeps each tensor's.
   c.export = dict(model="ppo", directory="", dtype="")
 
   if arg == "tiny":

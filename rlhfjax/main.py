@@ -40,6 +40,7 @@ from rlhfjax.algorithms import sft
 from rlhfjax import config_check
 from rlhfjax.errors import ConfigError, DataError, Diverged
 from rlhfjax.evaluation import leaderboard
+from rlhfjax.evaluation import pass_at_k
 from rlhfjax.evaluation import rm_report
 from rlhfjax.evaluation import sft_report
 from rlhfjax import files
@@ -79,6 +80,7 @@ TASKS: dict[str, Callable] = {
     "grpo": grpo.run,
     "dapo": lambda config, workdir: grpo.run(config, workdir, "dapo"),  # grpo.py, config.dapo.
     "gspo": lambda config, workdir: grpo.run(config, workdir, "gspo"),  # grpo.py, config.gspo.
+    "dr_grpo": lambda config, workdir: grpo.run(config, workdir, "dr_grpo"),  # config.dr_grpo.
     "reinforce_pp": reinforce_pp.run,
     "online_dpo": online_dpo.run,
     "best_of_n": best_of_n.run,
@@ -90,6 +92,7 @@ TASKS: dict[str, Callable] = {
     "reward_conditioning": reward_conditioning.run,
     "quark": quark.run,
     "eval": leaderboard.run,
+    "pass_at_k": pass_at_k.run,
     "memory": memory.run,
     "compile": compile_task.run,
     "export": export.run,
@@ -113,6 +116,7 @@ TASK_HELP = {
     "grpo": "group-relative policy optimisation",
     "dapo": "DAPO: GRPO with Clip-Higher, the token-level loss, overlong shaping, dynamic sampling",
     "gspo": "GSPO: GRPO with one length-normalised importance ratio per response",
+    "dr_grpo": "Dr. GRPO: GRPO without the std scaling and with a constant loss normaliser",
     "reinforce_pp": "REINFORCE++: PPO's per-token rewards without a critic, globally whitened",
     "online_dpo": "DPO on pairs sampled and labelled during training",
     "best_of_n": "best-of-n sampling against the reward model",
@@ -124,6 +128,7 @@ TASK_HELP = {
     "reward_conditioning": "binary reward conditioning: positive/negative control codes",
     "quark": "Quark: rounds of sampling, keeping the top reward quantile, fine-tuning on it",
     "eval": "the leaderboard of win-rates against the references, and the over-optimisation plot",
+    "pass_at_k": "a verifiable task's pass@1 and pass@k per method, with intervals and p-values",
     "memory": "plan the bytes per device of every step for config.mesh (no compile)",
     "compile": "compile the steps for a TPU slice or a GPU and report memory, collectives, MFU",
     "export": "write a trained policy or reward model as a Hugging Face directory",

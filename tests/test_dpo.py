@@ -14,6 +14,7 @@ import pytest
 
 from rlhfjax import main
 from rlhfjax.algorithms import dpo
+from rlhfjax.models import hf_checkpoint
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
@@ -124,10 +125,17 @@ def test_dpo_task_writes_outputs(tiny_pipeline):
   config, workdir = tiny_pipeline
   changed = config.copy_and_resolve_references()
   changed.stages = "dpo"
-  main.run(changed, workdir)
+  state = main.run(changed, workdir)
   with open(f"{workdir}/dpo/outputs.json") as f:
     stored = json.load(f)
   assert len(stored["outputs"]) == config.eval.num_examples and stored["kl"] >= -0.5
+  # task=export writes the trained policy as it is (bit-exact).
+  export = changed.copy_and_resolve_references()
+  export.task, export.export.model = "export", "dpo"
+  params, _ = hf_checkpoint.load(main.run(export, workdir))
+  assert jax.tree.structure(params) == jax.tree.structure(state.params)
+  for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+    assert np.array_equal(got, np.asarray(want))
   changed.dpo.loss_type = "kto"
   with pytest.raises(Exception, match="dpo.loss_type"):
     main.run(changed, workdir)

@@ -3,8 +3,8 @@ names a tiny Hugging Face directory that transformers wrote (random weights, no 
 tokenizer in the family's style — Qwen3's ChatML template with its thinking switch (off by
 default), Pythia's plain byte-level BPE whose bos, eos and unk are all `<|endoftext|>` (so
 `<|padding|>` pads), no template, Gemma's turns (`<start_of_turn>user ... <end_of_turn>`, the
-template writing `<bos>` itself). SFT -> labels -> RM -> PPO, GRPO and DPO run on each (Gemma 2:
-up to PPO), LoRA on every trained model, and the PPO policy exported by task=export loads back
+template writing `<bos>` itself). SFT -> labels -> RM -> PPO, GRPO and DPO run on each,
+LoRA on every trained model, and the PPO policy exported by task=export loads back
 into transformers with rlhfjax's logits. The Gemma models have a sliding window of 16 tokens on
 their local layers, which the pipeline's prompts (up to 192 tokens) cross.
 
@@ -23,6 +23,8 @@ import pytest
 from conftest import load_config
 from test_hf_checkpoint import write_tokenizer
 from rlhfjax import main
+from rlhfjax.data import chat
+from rlhfjax.data import formats
 from rlhfjax.data import pretrained_tokenizer
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import hf_checkpoint, transformer
@@ -52,14 +54,26 @@ GEMMA_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 VOCAB = 272  # The tokenizers' 265 (Gemma's 269) tokens, padded up as published vocabularies are.
 STAGES = "sft,label,rm,ppo,grpo,dpo"
-# Gemma 2 runs the chain up to PPO only (GRPO's and DPO's steps use the same forward, packed
-# samples included, that Gemma 3's full chain checks): two minutes less of the suite.
-FAMILY_STAGES = {"gemma2": "sft,label,rm,ppo"}
+
+
+
+def add_special_tokens(directory, tokens: list[str], first_id: int) -> None:
+  """Appends special tokens, numbered from `first_id`, to the directory's tokenizer.json."""
+  tok_path = os.path.join(directory, "tokenizer.json")
+  tok = json.load(open(tok_path))
+  for i, content in enumerate(tokens, first_id):
+    tok["added_tokens"].append({"id": i, "content": content, "single_word": False,
+                                "lstrip": False, "rstrip": False, "normalized": False,
+                                "special": True})
+    tok["model"]["vocab"][content] = i
+  json.dump(tok, open(tok_path, "w"))
 
 
 def qwen3_tokenizer(directory) -> str:
-  """Qwen3's special tokens: no bos, eos `<|im_end|>`, pad `<|endoftext|>`, no unk."""
-  write_tokenizer(directory, template=QWEN3_TEMPLATE)
+  """Qwen3's special tokens: no bos, eos `<|im_end|>`, pad `<|endoftext|>`, no unk, and among the
+  others `<|fim_pad|>`; generation stops at `<|im_end|>` or `<|endoftext|>`."""
+  write_tokenizer(directory, template=QWEN3_TEMPLATE, eos_ids=[263, 261])
+  add_special_tokens(directory, ["<|fim_pad|>"], 264)
   path = os.path.join(directory, "tokenizer_config.json")
   config = json.load(open(path))
   config.update(bos_token=None, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token=None,
@@ -71,14 +85,8 @@ def qwen3_tokenizer(directory) -> str:
 def pythia_tokenizer(directory) -> str:
   """GPT-NeoX-20B's special tokens: `<|endoftext|>` is bos, eos and unk, `<|padding|>` is an added
   special token that no key names, and there is no chat template."""
-  write_tokenizer(directory, template=None)
-  tok_path = os.path.join(directory, "tokenizer.json")
-  tok = json.load(open(tok_path))
-  tok["added_tokens"].append({"id": 264, "content": "<|padding|>", "single_word": False,
-                              "lstrip": False, "rstrip": False, "normalized": False,
-                              "special": True})
-  tok["model"]["vocab"]["<|padding|>"] = 264
-  json.dump(tok, open(tok_path, "w"))
+  write_tokenizer(directory, template=None, eos_ids=261)
+  add_special_tokens(directory, ["<|padding|>"], 264)
   config = {"add_prefix_space": False, "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
             "unk_token": "<|endoftext|>", "tokenizer_class": "GPTNeoXTokenizer",
             "model_max_length": 2048}
@@ -88,17 +96,11 @@ def pythia_tokenizer(directory) -> str:
 
 def gemma_tokenizer(directory) -> str:
   """Gemma's special tokens (`<bos>`, `<eos>`, `<pad>`, `<start_of_turn>`, `<end_of_turn>`) and its
-  turn template; eos is `<eos>`, as Gemma's tokenizer_config.json says."""
-  write_tokenizer(directory, template=GEMMA_TEMPLATE)
-  specials = ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"]
-  tok_path = os.path.join(directory, "tokenizer.json")
-  tok = json.load(open(tok_path))
-  for i, content in enumerate(specials, 264):
-    tok["added_tokens"].append({"id": i, "content": content, "single_word": False,
-                                "lstrip": False, "rstrip": False, "normalized": False,
-                                "special": True})
-    tok["model"]["vocab"][content] = i
-  json.dump(tok, open(tok_path, "w"))
+  turn template; eos is `<eos>`, as Gemma's tokenizer_config.json says, and generation stops at
+  `<eos>` or `<end_of_turn>`, as the instruction-tuned models' generation_config.json says."""
+  write_tokenizer(directory, template=GEMMA_TEMPLATE, eos_ids=[265, 268])
+  add_special_tokens(directory, ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>"],
+                     264)
   path = os.path.join(directory, "tokenizer_config.json")
   config = json.load(open(path))
   # The byte-level BPE stays GPT-2's class: transformers' GemmaTokenizer would rebuild Gemma's own
@@ -146,7 +148,9 @@ def hf_checkpoint_dir(directory, family: str) -> str:
 def test_qwen3_chat_template_thinks_only_when_asked(tmp_path):
   path = qwen3_tokenizer(tmp_path)
   ours = pretrained_tokenizer.from_directory(path, chat=True)
-  assert (ours.eos_id, ours.pad_id, ours.bos_id) == (263, 261, 263)  # No bos: eos stands in.
+  # No bos: eos stands in. `<|endoftext|>`, the pad in the file, ends a response too, so pads are
+  # `<|fim_pad|>`.
+  assert (ours.eos_id, ours.eos_ids, ours.pad_id, ours.bos_id) == (263, (263, 261), 264, 263)
   theirs = transformers.AutoTokenizer.from_pretrained(path)
   messages = [{"role": "user", "content": "hello world"}]
   for thinking in (False, True):
@@ -161,7 +165,10 @@ def test_qwen3_chat_template_thinks_only_when_asked(tmp_path):
 def test_gemma_chat_template_opens_with_one_bos_and_marks_turns(tmp_path):
   path = gemma_tokenizer(tmp_path)
   tok = pretrained_tokenizer.from_directory(path, chat=True)
-  assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (264, 265, 266, 269)
+  # A chat response ends with the turn's end, `<end_of_turn>`; `<eos>` ends one too.
+  assert (tok.bos_id, tok.eos_id, tok.eos_ids, tok.pad_id, tok.vocab_size) == (
+      264, 268, (268, 265), 266, 269)
+  assert pretrained_tokenizer.from_directory(path).eos_ids[0] == 265  # Without chat: `<eos>`.
   theirs = transformers.AutoTokenizer.from_pretrained(path)
   messages = [{"role": "user", "content": "hello world"}]
   want = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -171,6 +178,10 @@ def test_gemma_chat_template_opens_with_one_bos_and_marks_turns(tmp_path):
   assert ids == theirs(want, add_special_tokens=False)["input_ids"]
   assert ids.count(264) == 1 and ids[0] == 264 and ids.count(267) == ids.count(268) + 1
   assert tok.response_text("x") == "x"  # The answer follows the model turn's header.
+  # A response, standard or the last turn of a conversation, closes its turn and stops there.
+  assert formats.response_tokens(tok, "x", 8) == tok.encode("x") + [268]
+  assert chat.response_ids(tok, [("user", "hi")], "x", 8) == tok.encode("x") + [268]
+  assert tok.decode(tok.encode("x") + [268, 265] + tok.encode("y")) == "x"
 
 
 def test_pythia_tokenizer_pads_with_its_padding_token(tmp_path):
@@ -203,11 +214,10 @@ def pipeline_config(init_from: str, chat: bool, stages: str = STAGES):
 @pytest.mark.parametrize("family", ["qwen3", "gpt_neox", "gemma2", "gemma3_text"])
 def test_pipeline_from_a_pretrained_checkpoint(tmp_path, family):
   init_from = hf_checkpoint_dir(tmp_path / "hf", family)
-  stages = FAMILY_STAGES.get(family, STAGES)
-  config = pipeline_config(init_from, chat=family != "gpt_neox", stages=stages)
+  config = pipeline_config(init_from, chat=family != "gpt_neox")
   workdir = str(tmp_path / "run")
   main.run(config, workdir)
-  for stage in set(stages.split(",")) - {"label"}:
+  for stage in set(STAGES.split(",")) - {"label"}:
     logged = metrics_lib.read_jsonl(f"{workdir}/{stage}/metrics.jsonl")
     assert logged and all(np.isfinite(v) for m in logged.values() for v in m.values()
                           if isinstance(v, float)), stage
@@ -220,6 +230,11 @@ def test_pipeline_from_a_pretrained_checkpoint(tmp_path, family):
   directory = main.run(export, workdir)
   params, cfg = hf_checkpoint.load(directory)
   assert cfg == hf_checkpoint.model_config(init_from)
+  # The source's tokenizer and generation files travel with the weights.
+  exported = pretrained_tokenizer.from_directory(directory, chat=family != "gpt_neox")
+  source = pretrained_tokenizer.from_directory(init_from, chat=family != "gpt_neox")
+  assert (exported.eos_ids, exported.pad_id, exported.chat_template) == (
+      source.eos_ids, source.pad_id, source.chat_template)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       directory, dtype=torch.float32, attn_implementation="eager").eval()
   ids = np.random.default_rng(0).integers(0, 265, (1, 24))

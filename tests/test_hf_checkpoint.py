@@ -451,9 +451,10 @@ TEMPLATE = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
-def write_tokenizer(directory, template=TEMPLATE):
-  """tokenizer.json and tokenizer_config.json as a SmolLM2-style model ships them: byte-level BPE
-  (vocab ids 0-255 the bytes), five merges, and three special tokens; pad is eos."""
+def write_tokenizer(directory, template=TEMPLATE, eos_ids=263):
+  """tokenizer.json, tokenizer_config.json and generation_config.json as a SmolLM2-style model
+  ships them: byte-level BPE (vocab ids 0-255 the bytes), five merges, and three special tokens;
+  pad is eos; generation stops at `eos_ids`."""
   chars = byte_chars()
   vocab = {c: b for b, c in enumerate(chars)}
   merges = ["h e", "l l", "he ll", "hell o", "Ġ w"]
@@ -483,6 +484,9 @@ def write_tokenizer(directory, template=TEMPLATE):
   os.makedirs(directory, exist_ok=True)
   json.dump(tokenizer, open(os.path.join(directory, "tokenizer.json"), "w"))
   json.dump(config, open(os.path.join(directory, "tokenizer_config.json"), "w"))
+  # As a release's generation_config.json lists its eos (transformers' save_pretrained wrote the
+  # model config's default ids, which name bytes of this vocabulary).
+  json.dump({"eos_token_id": eos_ids}, open(os.path.join(directory, "generation_config.json"), "w"))
   return str(directory)
 
 

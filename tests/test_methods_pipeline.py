@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+import test_reward_functions
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
@@ -241,6 +242,10 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   changed.stages = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo,eval"
   changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
   changed.eval.methods = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo"
+  # A reward function of the test's own beside the reward model, in every method.
+  functions = tmp_path / "my_rewards.py"
+  functions.write_text(test_reward_functions.FUNCTIONS)
+  changed.reward.update(functions=f"{functions}:vowels", weights="0.5")
   # DAPO's refill, made to happen: on top of grpo.informative's own test a group counts only when
   # its prompt's token ids sum to an even number, so most first draws fall short. Every row
   # trained on must then have such a prompt.
@@ -265,6 +270,9 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   draws = [dapo[s]["dynamic_sampling/gen_batches"] for s in (1, 2)]
   assert max(draws) > 1 and max(dapo[s]["dynamic_sampling/refilled_groups"] for s in (1, 2)) > 0
   assert len(trained_prompts) == 2 and all((p % 2 == 0).all() for p in trained_prompts)
+  for task in ("rloo", "grpo", "dapo", "gspo", "reinforce_pp", "online_dpo"):
+    test_reward_functions.check_logged_means(workdir, task, changed[task].steps, ("vowels",),
+                                             str(functions))
   for task, names in ONLINE_NAMES.items():
     c = changed[task]
     logged = metrics_lib.read_jsonl(f"{workdir}/{task}/metrics.jsonl")

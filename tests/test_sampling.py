@@ -71,13 +71,16 @@ def test_greedy_is_argmax_and_padding_invariant():
   np.testing.assert_array_equal(_sample(scfg, prompts=padded, mask=pmask).tokens, out.tokens)
 
 
-def test_eos_stops_and_pads():
+@pytest.mark.parametrize("several", [False, True])
+def test_eos_stops_and_pads(several):
   free = _sample(sampling.SamplingConfig(max_new_tokens=10, eos_id=-1, pad_id=0, temperature=0.0))
   eos = int(free.tokens[0, 3])  # Declare the token greedy emits at step 3 of row 0 to be eos.
+  # Several: the token of step 2 of row 1 ends a response too (an instruct model's turn end).
+  eos = (eos, int(free.tokens[1, 2])) if several else eos
   out = _sample(sampling.SamplingConfig(max_new_tokens=10, eos_id=eos, pad_id=0, temperature=0.0))
-  assert (free.tokens[:, :10] == eos).any(1).sum() >= 1
+  assert np.isin(free.tokens[:, :10], eos).any(1).sum() >= 1 + several
   for row, lp, n, ref in zip(out.tokens, out.logprobs, out.lengths, free.tokens):
-    ends = np.flatnonzero(ref == eos)
+    ends = np.flatnonzero(np.isin(ref, eos))
     if len(ends):
       first = ends[0]
       assert n == first + 1
@@ -86,7 +89,7 @@ def test_eos_stops_and_pads():
       assert lp[first] < 0
     else:
       assert n == 10 and (row == ref).all()
-  assert out.lengths[0] <= 4
+  assert out.lengths[0] <= 4 and (not several or out.lengths[1] <= 3)
 
 
 def test_k_samples_share_one_prefill_and_equal_sampling_repeated_prompts():

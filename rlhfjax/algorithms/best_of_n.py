@@ -11,7 +11,6 @@ task=eval.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Sequence
 
@@ -66,8 +65,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   if c.n < 1 or c.n & (c.n - 1):
     raise ConfigError(f"best_of_n.n must be a power of two >= 1, got {c.n}")
   sft_params = sft.load_policy(exp)
-  reward_params, _ = reward_model.load(exp)
-  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  reward_fn = reward_model.training_reward(exp)
   examples = outputs.test_examples(exp)
   cands = candidates(exp, sft_params, examples, c.n, c.temperature,
                      jax.random.key(config.seed + 2), c.batch_size)

@@ -129,6 +129,14 @@ def train_step(state: TrainState, ref_params: Any, batch: pipeline.Batch, *, cfg
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads), **m}
 
 
+def num_steps(c: Any, task: str, pairs: int) -> int:
+  """The steps of `epochs` over `pairs` comparisons in batches of `batch_size` (block `c`)."""
+  steps = int(c.epochs * pairs) // c.batch_size
+  if steps <= 0:
+    raise ConfigError(f"{task}.batch_size ({c.batch_size}) exceeds {task}.epochs x {pairs} pairs")
+  return steps
+
+
 def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   """Trains (or resumes) `task` (dpo or simpo, under its config block) in `<workdir>/<task>` on
   the comparison files of task=rm."""
@@ -139,10 +147,7 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   comps = reward_model.load_comparisons(files["train"], config.rm.layout,
                                         columns=reward_model.columns(exp))
   data = pipeline.encode_comparisons(exp.tokenizer, comps, fmt.prompt_len, fmt.response_len)
-  steps = int(c.epochs * len(comps)) // c.batch_size
-  if steps <= 0:
-    raise ConfigError(f"{task}.batch_size ({c.batch_size}) exceeds {task}.epochs x {len(comps)} "
-                      f"pairs")
+  steps = num_steps(c, task, len(comps))
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
   par = exp.parallel
@@ -178,6 +183,15 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   writer.close()
   ckpt.close()
   return state
+
+
+def load_policy(exp: experiment.Experiment, task: str = "dpo") -> Any:
+  """The policy of the finished `task` run (dpo or simpo) in `<workdir>/<task>`, adapters
+  merged."""
+  files = reward_model.comparison_files(exp)
+  pairs = len(reward_model.load_comparisons(files["train"], exp.config.rm.layout,
+                                            columns=reward_model.columns(exp)))
+  return sft.load_policy(exp, task, num_steps(exp.config[task], task, pairs))
 
 
 def run(config, workdir: str, task: str = "dpo") -> TrainState:

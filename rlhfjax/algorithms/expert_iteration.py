@@ -10,7 +10,6 @@ from the SFT parameters; at the end the policy answers the test prompts for task
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 from typing import Any
@@ -36,19 +35,19 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
   if os.path.exists(path):
     with open(path, encoding="utf-8") as f:
       stored = json.load(f)
-    if (stored["n"], stored.get("temperature"), stored["ids"]) == (c.n, c.temperature,
-                                                                   [e.id for e in examples]):
+    if (stored["n"], stored.get("temperature"), stored["ids"], stored.get("reward")) == (
+        c.n, c.temperature, [e.id for e in examples], exp.config.reward.to_dict()):
       return [dataclasses.replace(e, reference=t) for e, t in zip(examples, stored["winners"])]
-  reward_params, _ = reward_model.load(exp)
-  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  reward_fn = reward_model.training_reward(exp)
   cands = best_of_n.candidates(exp, sft_params, examples, c.n, c.temperature,
                                jax.random.key(exp.config.seed + 3), c.sample_batch_size)
   scores = best_of_n.score_candidates(reward_fn, examples, cands)
   texts = best_of_n.best_of(cands, scores, c.n)
-  metrics_lib.info(f"expert iteration: best-of-{c.n} on {len(examples)} unlabeled prompts, mean RM "
-                   f"score {scores.max(1).mean():.3f} (a single sample: {scores[:, 0].mean():.3f})")
+  metrics_lib.info(f"expert iteration: best-of-{c.n} on {len(examples)} unlabeled prompts, mean "
+                   f"reward {scores.max(1).mean():.3f} (a single sample: {scores[:, 0].mean():.3f})")
   experiment.write_json(path, {"n": c.n, "temperature": c.temperature,
-                               "ids": [e.id for e in examples], "winners": texts})
+                               "ids": [e.id for e in examples], "winners": texts,
+                               "reward": exp.config.reward.to_dict()})
   return [dataclasses.replace(e, reference=t) for e, t in zip(examples, texts)]
 
 

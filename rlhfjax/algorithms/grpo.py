@@ -49,6 +49,7 @@ from rlhfjax.algorithms import online
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import policy
+from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
 from rlhfjax.training.state import TrainState
@@ -105,7 +106,7 @@ def overlong_penalty(lengths: jax.Array, max_len: int, buffer: int,
   return factor * jnp.clip((start - lengths) / buffer, -1.0, 0.0)
 
 
-def length_shaping(batch: pipeline.Batch, eos_id: int, c: Any) -> jax.Array | None:
+def length_shaping(batch: pipeline.Batch, eos_id: sampling.EosIds, c: Any) -> jax.Array | None:
   """The overlong penalty [B] each response's reward gets (None with `overlong_buffer` 0). With
   `penalize_no_eos` a response without eos (cut off at response_len: DAPO's |y| > L_max) already
   scores `no_eos_score` in place of its reward, and gets no penalty on top; without the rule it
@@ -117,7 +118,7 @@ def length_shaping(batch: pipeline.Batch, eos_id: int, c: Any) -> jax.Array | No
   penalty = overlong_penalty(mask.astype(jnp.float32).sum(-1), mask.shape[1], buffer,
                              knob(c, "overlong_penalty_factor"))
   if c.penalize_no_eos:
-    penalty = jnp.where((batch["response"] == eos_id).any(-1), penalty, 0.0)
+    penalty = jnp.where(sampling.is_eos(batch["response"], eos_id).any(-1), penalty, 0.0)
   return penalty
 
 
@@ -185,7 +186,7 @@ def token_losses(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array, adv:
 
 
 def shaped_rewards(e: dict[str, jax.Array], batch: pipeline.Batch, c: Any,
-                   eos_id: int) -> tuple[jax.Array, dict[str, jax.Array]]:
+                   eos_id: sampling.EosIds) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(rewards r_i [B] the advantages are made of, their metrics): `experience`'s scores (after the
   truncation rule) plus the overlong penalty, less β Σ_t KL_t with `kl_in='reward'` (which reads
   the log-probs `e` then holds)."""
@@ -203,7 +204,7 @@ def shaped_rewards(e: dict[str, jax.Array], batch: pipeline.Batch, c: Any,
 
 
 def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
-                cfg: ModelConfig, c: Any, eos_id: int) -> jax.Array:
+                cfg: ModelConfig, c: Any, eos_id: sampling.EosIds) -> jax.Array:
   """Which groups [B // k] of a sampled batch have rewards that differ (the refill's test, on the
   same rewards the step's advantages use): the reward model alone, or the whole experience pass
   where `kl_in='reward'` puts the policy's KL into the reward."""
@@ -220,7 +221,7 @@ def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: p
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
+               eos_id: sampling.EosIds) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, group-normalised advantages) and `c.epochs` of minibatch
   updates for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)

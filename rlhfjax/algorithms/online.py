@@ -30,11 +30,13 @@ from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
+from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.rollout import outputs
+from rlhfjax.rollout import reward_functions
 from rlhfjax.simulated import gold
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
@@ -78,6 +80,7 @@ def meta(exp: experiment.Experiment, task: str) -> dict:
   """What determines an online run; resuming under other values is refused."""
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           task: {k: v for k, v in exp.config[task].items() if k not in _NOT_IN_META},
+          "reward": exp.config.reward.to_dict(),
           **exp.lora_meta("policy"), **exp.remat_meta("policy")}
 
 
@@ -88,7 +91,7 @@ def group(c: Any, k: int) -> int:
 
 
 def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
-               cfg: Any, c: Any, eos_id: int, group: int = 1) -> dict[str, jax.Array]:
+               cfg: Any, c: Any, eos_id: sampling.EosIds, group: int = 1) -> dict[str, jax.Array]:
   """`engine.experience` of the current policy under the method's sampling and truncation knobs
   (`temperature`, `penalize_no_eos`, `no_eos_score`), each prompt computed once for its `group`
   adjacent samples (see `group`); `ref_params` None: the LoRA policy's base."""
@@ -100,14 +103,14 @@ def experience(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
 
 
 def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,
-                  eos_id: int) -> dict[str, jax.Array]:
+                  eos_id: sampling.EosIds) -> dict[str, jax.Array]:
   """TRL's rollout metrics every critic-free method logs, from `experience`'s output: the summed
   per-token KL (log π − log π_ref) and entropy, the scores before and after the truncation rule,
   the eos count and the mean response length."""
   return {"objective/kl": (e["logprobs"] - e["ref_logprobs"]).sum(-1).mean(),
           "objective/entropy": e["entropy"].sum(-1).mean(),
           "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
-          "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+          "val/num_eos_tokens": sampling.is_eos(batch["response"], eos_id).sum().astype(jnp.float32),
           "response/length": batch["response_mask"].astype(jnp.float32).sum(-1).mean()}
 
 
@@ -210,6 +213,30 @@ def refill_order(kept: list[np.ndarray], groups: int) -> list[tuple[int, int]]:
   return order[:groups]
 
 
+def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
+                 abstract: bool = False) -> tuple[TrainState, Any]:
+  """(state, shardings) of a critic-free method's policy `{'policy'}` trained from `init_params`
+  (with fresh adapters where LoRA applies to it); with `abstract`, a restore target."""
+  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  # A copy: the trained tree must not alias the frozen reference.
+  make = lambda p: TrainState.create(
+      {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
+  axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
+  return exp.parallel.train_state(make, axes, tx, init_params, abstract=abstract)
+
+
+def load_policy(exp: experiment.Experiment, task: str) -> Any:
+  """The policy of the finished run of the critic-free method `task` in `<workdir>/<task>`,
+  adapters merged."""
+  c = exp.config[task]
+  shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  # The schedule's length (updates per iteration) leaves the optimizer state's layout alone.
+  template, _ = policy_state(exp, adamw(c, 1, exp.trainable("policy")), shapes, abstract=True)
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints", template, c.steps,
+                                         task)
+  return lora.merged(state.params["policy"])
+
+
 def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
                  updates_per_step: int, annotate: Annotate | None = None,
                  refill: Refill | None = None) -> TrainState:
@@ -222,7 +249,10 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
   # run without a backward pass, where the policy's rematerialisation changes nothing.
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = sft.load_policy(exp)
-  reward_params, _ = reward_model.load(exp)
+  reward_params = (reward_model.load(exp)[0] if reward_functions.uses_model(exp.config.reward)
+                   else None)
+  reward_shardings = (None if reward_params is None else
+                      exp.parallel.shardings(reward_model.param_axes(exp), reward_params))
   par = exp.parallel
   par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
   groups = min(c.rollout_batch, c.get("minibatch_size", c.rollout_batch)) // k
@@ -232,24 +262,18 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
                      f"{task}.share_prompt run replicated (raise {task}.minibatch_size or set "
                      f"share_prompt=False)")
   tx = adamw(c, updates_per_step, exp.trainable("policy"))
-  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
-  # A copy: the trained tree must not alias the frozen reference.
-  make = lambda p: TrainState.create(
-      {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
-  axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
-  state, shardings = par.train_state(make, axes, tx, ref_params)
+  state, shardings = policy_state(exp, tx, ref_params)
   if exp.lora.applies_to("policy"):
     ref_params = None
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id),
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids),
                     (shardings, None if ref_params is None else shardings.params["policy"],
-                     par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
-                     par.replicated), (shardings, par.replicated), (0,))
+                     reward_shardings, par.batch, par.replicated), (shardings, par.replicated),
+                    (0,))
   if refill is not None:  # The step's layout and shardings, less the rng.
     refill = dataclasses.replace(refill, informative=par.jit(
-        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_id),
+        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_ids),
         (shardings, None if ref_params is None else shardings.params["policy"],
-         par.shardings(reward_model.param_axes(exp), reward_params), par.batch),
-        par.replicated))
+         reward_shardings, par.batch), par.replicated))
   return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
                annotate=annotate, refill=refill)
 
@@ -277,7 +301,8 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   with_gold = pipeline.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
-  reward_fn = functools.partial(reward_model.score_texts, reward_params, exp)
+  functions = reward_functions.load(config.reward)
+  reward_fn = reward_model.reward_of_texts(exp, reward_params, functions)
   # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
   curve_temperature = outputs.kl_temperature(exp)
   key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
@@ -291,17 +316,23 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   timing = {"generate": 0.0, "total": 0.0, "episodes": 0}
 
   def draw(state, step, k_sample, j):
-    """Draw j of iteration `step`: its prompts' indices and `k` samples of each."""
+    """Draw j of iteration `step`: its prompts' indices and `k` samples of each (with the reward
+    functions' values, when there are any)."""
     idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step, stream=j)
     rng = k_sample if j == 0 else jax.random.fold_in(k_sample, j)
     timing["episodes"] += c.rollout_batch
-    return idx, engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx),
-                                    rng, exp, c.temperature, k=k)
+    batch = engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx), rng,
+                                exp, c.temperature, k=k)
+    values = {}
+    if functions:
+      batch, values = engine.add_function_rewards(exp, functions, batch,
+                                                  [examples[i] for i in idx for _ in range(k)])
+    return idx, batch, values
 
   def refilled(state, step, k_sample, first, rows):
     """The batch of `rollout_batch / k` groups, those that carry a gradient first, from as few
-    draws as `refill` needs (at most `max_draws`), and its examples (`rows` of the first draw
-    alone); with its metrics."""
+    draws as `refill` needs (at most `max_draws`), its examples (`rows` of the first draw alone)
+    and its reward functions' values; with its metrics."""
     draws = [first]
     kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
     groups = c.rollout_batch // k
@@ -310,25 +341,37 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
       kept.append(to_host(refill.informative(state, ref_params, reward_params, draws[-1][1])))
     order = refill_order(kept, groups) if len(draws) > 1 else None
     m = {"dynamic_sampling/gen_batches": float(len(draws)),
-         "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ()))}
+         "dynamic_sampling/refilled_groups": float(sum(j > 0 for j, _ in order or ())),
+         # The share of sampled groups whose rewards were all equal: of the first draw (what the
+         # step would drop without a refill) and of every draw this iteration made.
+         "dynamic_sampling/first_draw_dropped_fraction": float(1.0 - kept[0].mean()),
+         "dynamic_sampling/drawn_dropped_fraction": float(
+             1.0 - np.concatenate(kept).mean())}
     if order is None:
-      return first[1], rows, m
-    host = [to_host(b) for _, b in draws]
+      return first[1], rows, first[2], m
+    host = [to_host(b) for _, b, _ in draws]
     picked = [(j, g * k + i) for j, g in order for i in range(k)]
     batch = {name: np.stack([host[j][name][r] for j, r in picked]) for name in host[0]}
     rows = [examples[draws[j][0][r // k]] for j, r in picked]
-    return exp.parallel.put(batch, exp.parallel.batch), rows, m
+    values = {name: np.array([draws[j][2][name][r] for j, r in picked]) for name in first[2]}
+    return exp.parallel.put(batch, exp.parallel.batch), rows, values, m
 
   def one_step(state, step):
     t0 = time.perf_counter()
     k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    idx, batch = draw(state, step, k_sample, 0)
+    idx, batch, values = draw(state, step, k_sample, 0)
     rows = [examples[i] for i in idx for _ in range(k)]
     refill_stats = {}
     if refill is not None:
-      batch, rows, refill_stats = refilled(state, step, k_sample, (idx, batch), rows)
-    # Decoded once, for the annotators and the gold reward alike.
-    texts = engine.decode(exp, batch["response"]) if annotate or with_gold else None
+      batch, rows, values, refill_stats = refilled(state, step, k_sample, (idx, batch, values),
+                                                   rows)
+    # Decoded once, for the annotators, the gold reward and the completions' log alike.
+    texts = (engine.decode(exp, batch["response"]) if annotate or with_gold or functions
+             else None)
+    if functions:
+      refill_stats.update(reward_functions.statistics(values))
+      engine.log_completions(f"{task_dir}/completions.jsonl", step, rows, texts, values,
+                             to_host(batch["function_rewards"]))
     if annotate is not None:
       batch.update(exp.parallel.put(annotate(texts, rows, step), exp.parallel.batch))
     jax.block_until_ready(batch)

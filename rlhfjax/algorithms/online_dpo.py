@@ -32,6 +32,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import annotators
 from rlhfjax.models import lora
 from rlhfjax.models import policy
+from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
@@ -50,7 +51,7 @@ def pairs(x: jax.Array, second_wins: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
+               eos_id: sampling.EosIds) -> tuple[TrainState, dict[str, jax.Array]]:
   """Judge each pair (RM in the step, or `batch['preference']` from an annotator), then one AdamW
   step of the DPO loss on all pairs."""
   del rng  # One full-batch step: nothing to shuffle.
@@ -86,7 +87,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
            "objective/scores_margin": (sc - sr).mean(),
            "objective/non_score_reward": (-c.beta * kl).mean(),
            "objective/rlhf_reward": (scores - c.beta * kl).mean(), "beta": jnp.float32(c.beta),
-           "val/contain_eos_token": (batch["response"] == eos_id).any(-1).astype(jnp.float32)
+           "val/contain_eos_token": sampling.is_eos(batch["response"], eos_id).any(-1).astype(jnp.float32)
            .mean(), "response/length": m.sum(-1).mean()}
   return state, stats
 

@@ -42,10 +42,12 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import lora
 from rlhfjax.models import policy
+from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
+from rlhfjax.rollout import reward_functions
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import optimizer
@@ -178,7 +180,7 @@ def _policy_and_values(params: dict, batch: pipeline.Batch, cfg: ModelConfig, te
 
 def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                kl_coef: jax.Array, *, cfg: ModelConfig, c: Any,
-               eos_id: int) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+               eos_id: sampling.EosIds) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
   """Log-probs, values, scores, per-token rewards, advantages and returns of one rollout; with
   `truncated_is`, the TIS weights of its tokens too (online.tis_weights)."""
   m = batch["response_mask"]
@@ -196,7 +198,7 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "objective/scores": scores.mean(), "objective/raw_scores": raw.mean(),
            "objective/rlhf_reward": (scores - kl_coef * kl_sum).mean(),
            "objective/non_score_reward": (-kl_coef * kl_sum).mean(), "objective/kl_coef": kl_coef,
-           "val/num_eos_tokens": (batch["response"] == eos_id).sum().astype(jnp.float32),
+           "val/num_eos_tokens": sampling.is_eos(batch["response"], eos_id).sum().astype(jnp.float32),
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
@@ -230,7 +232,7 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
 
 def train_step(state: PPOState, ref_params: Any, reward_params: dict, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int,
+               eos_id: sampling.EosIds,
                value_cfg: ModelConfig | None = None) -> tuple[PPOState, dict[str, jax.Array]]:
   """Experience and update for one rollout batch, then the KL-controller update. `ref_params` None:
   the reference is the LoRA policy with its adapters off. `cfg` is the policy's (the forward-only
@@ -328,21 +330,29 @@ def train(exp: experiment.Experiment) -> PPOState:
   # Dropout off: log-probs must be exact.
   cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0) for r in ("policy", "value"))
   ref_params = sft.load_policy(exp)
-  reward_params, _ = reward_model.load(exp)
+  if reward_functions.uses_model(exp.config.reward):
+    reward_params, _ = reward_model.load(exp)
+    value_source = reward_params
+  else:  # Reward functions alone: the value model starts from SFT with a zero head.
+    reward_params = None
+    value_source = {"backbone": ref_params,
+                    "head": {"kernel": jnp.zeros((exp.model.d_model,), jnp.float32),
+                             "bias": jnp.zeros((), jnp.float32)}}
   par = exp.parallel
   par.check_batch("ppo.rollout_batch", c.rollout_batch)
   tx = adamw(c, exp.trainable("policy", "value"))
   state, shardings = par.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
                                      param_axes(exp.model, c.value_model, exp.lora), tx,
-                                     ref_params, reward_params)
+                                     ref_params, value_source)
   # The trained copies are made; the frozen models may now drop to their own dtype. A LoRA
   # policy's reference is its own base (one backbone for both): no separate tree, no cast.
   ref_params = (None if exp.lora.applies_to("policy")
                 else frozen(ref_params, c.frozen_dtype))
-  reward_params = frozen(reward_params, c.frozen_dtype)
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_id,
+  reward_params = None if reward_params is None else frozen(reward_params, c.frozen_dtype)
+  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids,
                                       value_cfg=value_cfg),
                     (shardings, None if ref_params is None else shardings.params["policy"],
+                     None if reward_params is None else
                      par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   return online.train(exp, "ppo", state, step_fn, ref_params, reward_params, _meta(exp))

@@ -36,6 +36,7 @@ from rlhfjax.algorithms import ppo
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import policy
+from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.training.state import TrainState
 
@@ -63,7 +64,7 @@ def advantages(scores: jax.Array, kl: jax.Array, mask: jax.Array, c: Any,
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: int) -> tuple[TrainState, dict[str, jax.Array]]:
+               eos_id: sampling.EosIds) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, globally whitened returns) and `c.epochs` of minibatch updates
   for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +54,7 @@ from rlhfjax.models import lora
 from rlhfjax.models.reward import score, score_batch  # noqa: F401  (this module's API too)
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import to_host
+from rlhfjax.rollout import reward_functions
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -117,6 +118,34 @@ def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Pos
                                  "batch")
   out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in batches]
   return np.concatenate(out) if out else np.zeros((0,), np.float32)
+
+
+def reward_of_texts(exp: experiment.Experiment, params: Any,
+                    functions: Sequence[reward_functions.RewardFunction]
+                    ) -> Callable[[Sequence[Any], Sequence[str]], np.ndarray]:
+  """The reward the online methods train on, as a function of (examples, texts): the reward
+  model's score times `reward.model_weight` (`params` None: no reward model) plus the reward
+  functions' weighted sum, their `completion_ids` the texts encoded again."""
+  weight = float(exp.config.reward.model_weight)
+
+  def score(examples: Sequence[Any], texts: Sequence[str]) -> np.ndarray:
+    total = np.zeros((len(texts),), np.float32)
+    if params is not None:
+      total += weight * score_texts(params, exp, examples, texts)
+    if functions:
+      ids = [exp.tokenizer.encode(t) for t in texts]
+      total += reward_functions.evaluate(functions, examples, texts, ids)[0]
+    return total
+
+  return score
+
+
+def training_reward(exp: experiment.Experiment
+                    ) -> Callable[[Sequence[Any], Sequence[str]], np.ndarray]:
+  """`reward_of_texts` of the configured reward (block `reward`): the workdir's reward model
+  unless `reward.model_weight` is 0, and `reward.functions`."""
+  params = load(exp)[0] if reward_functions.uses_model(exp.config.reward) else None
+  return reward_of_texts(exp, params, reward_functions.load(exp.config.reward))
 
 
 def comparison_files(exp: experiment.Experiment) -> dict[str, str]:

@@ -145,21 +145,23 @@ def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, i
   return exp.parallel.train_state(make, axes, tx, init_params)
 
 
-def _state_template(exp: experiment.Experiment, task: str) -> TrainState:
+def _state_template(exp: experiment.Experiment, task: str, steps: int) -> TrainState:
   """The train state's shapes with their shardings on this run's mesh (a restore target)."""
-  c = exp.config[task]
-  tx = optimizer.adamw(c, c.steps, exp.trainable(model_kind(task)))
+  tx = optimizer.adamw(exp.config[task], steps, exp.trainable(model_kind(task)))
   make = lambda k: TrainState.create(
       lora.adapt(k, transformer.init(k, exp.model), exp.lora, model_kind(task)), tx)
   return exp.parallel.train_state(make, param_axes(exp, task), tx, jax.random.key(0),
                                   abstract=True)[0]
 
 
-def load_policy(exp: experiment.Experiment, task: str = "sft") -> Any:
+def load_policy(exp: experiment.Experiment, task: str = "sft", steps: int | None = None) -> Any:
   """The parameters of the finished run of `train(exp, task)` in `<workdir>/<task>` (for "sft":
-  what label, rm and ppo start from), adapters merged: a plain model."""
+  what label, rm and ppo start from), adapters merged: a plain model. A policy trained in this
+  state's layout by a loop of its own (DPO, SimPO) passes its number of `steps`; the others' is
+  their block's `steps`."""
+  steps = exp.config[task].steps if steps is None else steps
   state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints",
-                                         _state_template(exp, task), exp.config[task].steps, task)
+                                         _state_template(exp, task, steps), steps, task)
   return lora.merged(state.params)
 
 
@@ -175,9 +177,9 @@ def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
   out = engine.generate_split(exp, params, prompts, jax.random.key(exp.config.seed + 1),
                              e.batch_size, e.temperature, e.top_k, e.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
-  ended = np.any(out["response"] == exp.tokenizer.eos_id, axis=1)
+  ended = np.isin(out["response"], exp.tokenizer.eos_ids).any(axis=1)
   outputs.save(exp, "sft", examples, texts, 0.0, temperature=e.temperature,
-               ended_with_eos=float(ended.mean()))
+               ended_with_eos=float(ended.mean()), **outputs.pass_counts(exp, params, examples))
   return texts
 
 

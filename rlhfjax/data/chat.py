@@ -9,7 +9,8 @@ Conversational (messages): the prompt is the template applied to every turn befo
 with the generation prompt (`add_generation_prompt=True`); the response is what the template adds
 for the final assistant turn, as TRL's `apply_chat_template` takes it: the template of prompt +
 turn, less the template of the prompt, its trailing whitespace dropped, then eos unless the
-template's turn already ends with it. A tokenizer with no template (a SentencePiece model trained
+template's turn already ends with one of the tokenizer's eos ids (its turn end: Gemma's
+`<end_of_turn>`, ChatML's `<|im_end|>`). A tokenizer with no template (a SentencePiece model trained
 here, or a base model) refuses conversational records, unless `format.chat_template` gives one.
 
 A prompt longer than its budget keeps its last tokens (TRL's `keep_end`): the latest turns, and the
@@ -73,6 +74,6 @@ def response_ids(tok: Any, messages: Sequence[tuple[str, str]] | None, text: str
   """The response's token ids then eos (once, when the template's turn end is not eos already); a
   response too long keeps its first `max_tokens` and no eos, as `formats.response_tokens` does."""
   ids = tok.encode(response_string(tok, messages, text))
-  if not ids or ids[-1] != tok.eos_id:
+  if not ids or ids[-1] not in tok.eos_ids:
     ids = ids + [tok.eos_id]
   return ids if len(ids) <= max_tokens else ids[:max_tokens]

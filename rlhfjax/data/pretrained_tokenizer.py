@@ -8,10 +8,17 @@ Built with Hugging Face's `tokenizers` library, from either of two sources:
   tokens and chat template of `tokenizer_config.json` (or the template in `chat_template.jinja`).
 The chat template stored with an instruct model is rendered with Jinja2, as transformers does.
 
-rlhfjax needs a pad id distinct from eos (a response that ended must differ from padding): when the
-model pads with eos, as SmolLM2 does, padding uses the unknown/end-of-text token instead, and where
-that is eos too (Pythia's `<|endoftext|>` is bos, eos and unk) a special token named for padding
-(Pythia's `<|padding|>`).
+rlhfjax needs a pad id distinct from every eos id (a response that ended must differ from padding):
+when the model pads with an eos, as SmolLM2 does, padding uses the unknown/end-of-text token
+instead, and where that is an eos too (Pythia's `<|endoftext|>` is bos, eos and unk; Qwen3 stops
+at its pad `<|endoftext|>`) the first special token named for padding (Pythia's `<|padding|>`,
+Qwen3's `<|fim_pad|>`).
+
+A response ends at any of `eos_ids`: the tokenizer's eos, the special token that ends an assistant
+turn of the chat template (Gemma's `<end_of_turn>`, ChatML's `<|im_end|>`), and the ids a model
+directory's `generation_config.json` lists as `eos_token_id`, as transformers' `generate` stops.
+With `chat=True` the turn end is `eos_id`, the id a training response ends with, so an instruct
+model learns to close its turn as it was post-trained to.
 
 Templates with a thinking switch (Qwen3's reads `enable_thinking`) render with thinking off unless
 `thinking=True`: the prompt then ends with an empty `<think></think>` block and the model answers
@@ -66,23 +73,45 @@ class PretrainedTokenizer:
                 chat=chat, thinking=thinking)
 
   def _setup(self, tok, *, eos_id: int, bos_id: int, pad_id: int | None, unk_id: int | None,
-             chat_template: str, vocab_size: int, chat: bool, thinking: bool = False) -> None:
-    """The state both sources share; pad falls back to unk when it is missing or eos, then to a
-    special token named for padding."""
+             chat_template: str, vocab_size: int, chat: bool, thinking: bool = False,
+             stop_ids: Sequence[int] = ()) -> None:
+    """The state both sources share; pad falls back to unk when it is missing or an eos, then to
+    a special token named for padding. `stop_ids`: more ids that end a response."""
     self._tok = tok
-    self.eos_id, self.bos_id = eos_id, bos_id
-    padding = sorted(i for i, t in tok.get_added_tokens_decoder().items()
-                     if t.special and "pad" in t.content.lower())
-    self.pad_id = next((i for i in (pad_id, unk_id, *padding) if i is not None and i != eos_id),
-                       None)
-    if self.pad_id is None:
-      raise ConfigError("the tokenizer has no pad id distinct from eos")
+    self._eos_token = tok.id_to_token(eos_id)  # What templates render as `eos_token`.
+    self.bos_id = bos_id
     self.thinking = thinking
     self.chat_template = chat_template or ""
     self.vocab_size = vocab_size
     if chat and not self.chat_template:
       raise ConfigError("format.chat needs a chat template, and this model has none")
     self._chat_prompts = chat
+    turn_end = self._turn_end()
+    self.eos_id = turn_end if chat and turn_end is not None else eos_id
+    self.eos_ids = tuple(dict.fromkeys(
+        i for i in (self.eos_id, eos_id, turn_end, *stop_ids) if i is not None))
+    padding = sorted(i for i, t in tok.get_added_tokens_decoder().items()
+                     if t.special and "pad" in t.content.lower())
+    self.pad_id = next((i for i in (pad_id, unk_id, *padding)
+                        if i is not None and i not in self.eos_ids), None)
+    if self.pad_id is None:
+      raise ConfigError(f"the tokenizer has no pad id distinct from its eos ids {self.eos_ids}")
+
+  def _turn_end(self) -> int | None:
+    """The special token the chat template closes an assistant turn with, if it has one."""
+    if not self.chat_template:
+      return None
+    user, reply = [{"role": "user", "content": "?"}], "reply"
+    try:
+      head = self.chat(user)
+      whole = self.chat(user + [{"role": "assistant", "content": reply}], False)
+    except ConfigError:  # No jinja2, or a template that refuses this conversation.
+      return None
+    if not whole.startswith(head) or reply not in whole[len(head):]:
+      return None
+    after = whole[len(head):].split(reply, 1)[1]
+    special = {i for i, t in self._tok.get_added_tokens_decoder().items() if t.special}
+    return next((i for i in self.encode(after) if i in special), None)
 
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
@@ -92,7 +121,7 @@ class PretrainedTokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     """Decodes up to the first eos, skipping pad and other special tokens."""
-    return self._tok.decode(before_eos(ids, self.eos_id), skip_special_tokens=True)
+    return self._tok.decode(before_eos(ids, self.eos_ids), skip_special_tokens=True)
 
   def prompt_text(self, text: str) -> str:
     """What the model reads for the prompt `text`: a user turn of the chat template if `chat`."""
@@ -112,10 +141,13 @@ class PretrainedTokenizer:
     except ImportError as e:
       raise ConfigError("chat templates need `jinja2`: pip install jinja2") from e
     env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # As transformers renders.
-    return env.from_string(self.chat_template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt,
-        enable_thinking=self.thinking, bos_token=self._tok.id_to_token(self.bos_id),
-        eos_token=self._tok.id_to_token(self.eos_id))
+    try:
+      return env.from_string(self.chat_template).render(
+          messages=list(messages), add_generation_prompt=add_generation_prompt,
+          enable_thinking=self.thinking, bos_token=self._tok.id_to_token(self.bos_id),
+          eos_token=self._eos_token)
+    except jinja2.TemplateError as e:
+      raise ConfigError(f"the chat template failed on {len(messages)} messages: {e}") from e
 
 
 def from_directory(directory: str, chat: bool = False, thinking: bool = False
@@ -148,11 +180,22 @@ def from_directory(directory: str, chat: bool = False, thinking: bool = False
   if eos is None:
     raise ConfigError(f"{config_path}: missing key 'eos_token'")
   bos = token_id("bos_token")
+  generation_path = os.path.join(directory, "generation_config.json")
+  stop_ids = []
+  if os.path.exists(generation_path):
+    with open(generation_path, encoding="utf-8") as f:
+      listed = json.load(f).get("eos_token_id")
+    stop_ids = [listed] if isinstance(listed, int) else list(listed or [])
+    special = {i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    if not all(isinstance(i, int) and i in special for i in stop_ids):
+      raise ConfigError(f"{generation_path}: eos_token_id={listed!r} names tokens that are not "
+                        f"special tokens of {tok_path} (special: {sorted(special)})")
   out = PretrainedTokenizer.__new__(PretrainedTokenizer)  # Bypasses the GGUF constructor.
   out._setup(  # pylint: disable=protected-access
       tok, eos_id=eos, bos_id=eos if bos is None else bos, pad_id=token_id("pad_token"),
       unk_id=token_id("unk_token"), chat_template=_chat_template(config, config_path, directory),
-      vocab_size=tok.get_vocab_size(with_added_tokens=True), chat=chat, thinking=thinking)
+      vocab_size=tok.get_vocab_size(with_added_tokens=True), chat=chat, thinking=thinking,
+      stop_ids=stop_ids)
   return out
 
 

@@ -16,9 +16,10 @@ Shards are read in natural order (`-2-` before `-10-`), and rows keep their orde
 no file matching the glob) is one `DataError` naming it, raised before any row is parsed: every
 file's footer or schema is opened first.
 
-Memory: Parquet is read one row group at a time (`ParquetFile.iter_batches`) and Arrow one record
-batch at a time, each batch converted to Python rows and dropped before the next, so what grows
-with the file is what `parse` keeps (the records), not a second copy of the table.
+Memory: Parquet is read one row group at a time (`ParquetFile.iter_batches`, without pyarrow's
+pre-buffering of the whole file) and Arrow one record batch at a time, each batch converted to
+Python rows and dropped before the next, so what grows with the file is what `parse` keeps (the
+records), not a second copy of the table.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ T = TypeVar("T")
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET, ARROW, JSON = "parquet", "arrow", "json"
-_BATCH_ROWS = 4096
+_BATCH_ROWS = 4096  # Rows per batch converted to Python at a time (a row group may hold more).
 # What `datasets` writes beside the data, never rows.
-_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json", "dataset_infos.json")  # Rows per batch converted to Python at a time (a row group may hold more).
+_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json", "dataset_infos.json")
 
 
 def _natural(path: str) -> list:
@@ -127,7 +128,9 @@ def _open(path: str, kind: str) -> Any:
   pa = _pyarrow()
   try:
     if kind == PARQUET:
-      return pa.parquet.ParquetFile(path)
+      # No pre-buffering: pyarrow's default reads every row group's column chunks into memory up
+      # front (about the file's size, held to the end); without it one row group is in memory.
+      return pa.parquet.ParquetFile(path, pre_buffer=False)
     source = pa.memory_map(path)  # Record batches are views of the mapped file, not copies.
     try:
       return pa.ipc.open_stream(source)

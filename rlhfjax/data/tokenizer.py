@@ -20,12 +20,15 @@ from rlhfjax.errors import DataError
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
 
 
-def before_eos(ids: Iterable[int], eos_id: int, skip: Sequence[int] = ()) -> list[int]:
-  """The ids before the first eos, without those in `skip`: what a response says."""
+def before_eos(ids: Iterable[int], eos_id: int | Sequence[int],
+               skip: Sequence[int] = ()) -> list[int]:
+  """The ids before the first eos (any of them, given several), without those in `skip`: what a
+  response says."""
+  ends = {eos_id} if isinstance(eos_id, int) else set(eos_id)
   out = []
   for i in ids:
     i = int(i)
-    if i == eos_id:
+    if i in ends:
       break
     if i not in skip:
       out.append(i)
@@ -43,6 +46,7 @@ class Tokenizer:
     self.bos_id = self._sp.bos_id()
     if self.pad_id < 0 or self.pad_id == self.eos_id:
       raise ValueError("tokenizer must define a pad id distinct from eos")
+    self.eos_ids = (self.eos_id,)  # Every id that ends a response: here eos alone.
     # A Jinja chat template (`format.chat_template`); none by default: a model trained here has
     # no chat format of its own.
     self.chat_template = ""

@@ -33,6 +33,7 @@ messages are the record.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Mapping
 
 PREFERENCE, UNPAIRED = "preference", "unpaired"
@@ -88,7 +89,7 @@ def _messages(value: Any, name: str) -> list[Message]:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
         not isinstance(m.get("content"), str):
       raise ValueError(f"field {name!r}: message {i} is not a {{role, content}} pair of strings")
-    out.append((m["role"], m["content"]))
+    out.append((sys.intern(str(m["role"])), m["content"]))  # One "user" string, not one a row.
   return out
 
 

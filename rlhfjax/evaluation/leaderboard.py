@@ -47,10 +47,10 @@ from rlhfjax.training import metrics as metrics_lib
 NAMES = {"sft": "SFT", "ppo": "PPO", "best_of_n": "best-of-{n}", "expert_iteration": "expert iteration",
          "quark": "Quark", "feedme": "binary FeedME", "reward_conditioning": "binary reward conditioning",
          "dpo": "DPO", "simpo": "SimPO", "kto": "KTO", "rloo": "RLOO", "grpo": "GRPO",
-         "dapo": "DAPO", "gspo": "GSPO", "reinforce_pp": "REINFORCE++", "online_dpo": "online DPO"}
+         "dapo": "DAPO", "gspo": "GSPO", "dr_grpo": "Dr. GRPO", "reinforce_pp": "REINFORCE++", "online_dpo": "online DPO"}
 # The online methods whose held-out points (`eval/*` in `<task>/metrics.jsonl`) make training curves,
 # with the config key of each one's KL coefficient.
-CURVES = {"ppo": "kl_coef", "rloo": "kl_coef", "grpo": "beta", "dapo": "beta", "gspo": "beta",
+CURVES = {"ppo": "kl_coef", "rloo": "kl_coef", "grpo": "beta", "dapo": "beta", "gspo": "beta", "dr_grpo": "beta",
           "reinforce_pp": "kl_coef", "online_dpo": "beta"}
 COLUMNS = ("method", "win_rate", "se", "ci_low", "ci_high", "lc_win_rate", "lc_se", "stiennon_lc",
            "stiennon_lc_se", "p_vs_sft", "gold", "length_words", "kl")

@@ -56,7 +56,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import ml_dtypes
@@ -724,13 +724,13 @@ def _reward_config(cfg: ModelConfig, torch_dtype: str, params: dict, pad_id: int
 
 
 def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = None,
-         reward_pad_id: int | None = None) -> str:
+         reward_pad_id: int | None = None, extra_files: Sequence[str] = ()) -> str:
   """Writes `config.json` and `model.safetensors` of `params` to `directory`, atomically.
 
   `params` is a decoder's, or, with `reward_pad_id` (the tokenizer's pad id), a reward model's
-  (`reward_tensors`). The files go to `directory + ".tmp"` first; an existing `directory` is
-  replaced only once they are complete. `dtype` casts every tensor (None: each keeps its own).
-  Returns `directory`.
+  (`reward_tensors`). `extra_files` (the source model's tokenizer files) are copied beside them.
+  The files go to `directory + ".tmp"` first; an existing `directory` is replaced only once they
+  are complete. `dtype` casts every tensor (None: each keeps its own). Returns `directory`.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   if dtype is not None and dtype not in DTYPES:
@@ -753,6 +753,8 @@ def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = Non
     json.dump(config, f, indent=2)
   save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()}, os.path.join(tmp, WEIGHTS),
             metadata={"format": "pt"})  # transformers requires the "pt" format tag.
+  for path in extra_files:
+    shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
   if os.path.exists(directory):
     os.replace(directory, old)
     os.replace(tmp, directory)

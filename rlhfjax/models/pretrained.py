@@ -73,6 +73,14 @@ def model_config(path: str, model_block: Mapping[str, Any]) -> ModelConfig:
   return cfg.replace(**{k: model_block[k] for k in OVERRIDES if k in model_block})
 
 
+def block_config(model_block: Mapping[str, Any]) -> ModelConfig:
+  """The model a config's `model` block describes: the architecture its `init_from` names (with
+  the block's OVERRIDES applied), or the block itself."""
+  if model_block.get("init_from"):
+    return model_config(resolve(model_block["init_from"]), model_block)
+  return ModelConfig.from_mapping({k: v for k, v in model_block.items() if k != "init_from"})
+
+
 def params(path: str, cfg: ModelConfig) -> dict:
   """The parameters stored at `path`, in `cfg.param_dtype`, checked against `cfg`'s shapes."""
   if _is_gguf(path):

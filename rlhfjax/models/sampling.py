@@ -36,12 +36,15 @@ from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
 
 _NEG_INF = -1e30
+# The end-of-sequence id, or every id that ends a response (as a generation config's eos_token_id
+# list: an instruct model's turn end and its tokenizer's eos).
+EosIds = int | tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   max_new_tokens: int
-  eos_id: int
+  eos_id: EosIds
   pad_id: int
   temperature: float = 1.0  # 0.0 means greedy.
   top_k: int = 0  # 0 means no top-k truncation.
@@ -93,6 +96,11 @@ def _choose(logits: jax.Array, rng: jax.Array, scfg: SamplingConfig) -> tuple[ja
   return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
 
 
+def is_eos(tokens: jax.Array, eos_id: EosIds) -> jax.Array:
+  """Where `tokens` end a response: equal to the eos id, or to any of them."""
+  return jnp.isin(tokens, jnp.asarray(eos_id, jnp.int32))
+
+
 def _emit(logits: jax.Array, done: jax.Array, i: jax.Array, rng: jax.Array,
           scfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Token `i` of every row (pad after its eos), its log-prob, whether it was emitted, and done."""
@@ -100,7 +108,7 @@ def _emit(logits: jax.Array, done: jax.Array, i: jax.Array, rng: jax.Array,
   emitted = ~done
   token = jnp.where(emitted, token, scfg.pad_id)
   logp = jnp.where(emitted, logp, 0.0)
-  return token, logp, emitted, done | (token == scfg.eos_id)
+  return token, logp, emitted, done | is_eos(token, scfg.eos_id)
 
 
 def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, cfg: ModelConfig,

@@ -34,6 +34,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from rlhfjax.data import pipeline
+from rlhfjax.data.tokenizer import before_eos
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import lora
 from rlhfjax.models import policy
@@ -45,6 +46,7 @@ from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import generate
+from rlhfjax.rollout import reward_functions
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics
 
@@ -56,7 +58,7 @@ def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int =
   r = exp.config.get("rollout", {})
   return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
                                  temperature=temperature, top_k=top_k, top_p=top_p,
-                                 eos_id=exp.tokenizer.eos_id, pad_id=exp.tokenizer.pad_id,
+                                 eos_id=exp.tokenizer.eos_ids, pad_id=exp.tokenizer.pad_id,
                                  early_stop=bool(r.get("early_stop", True)),
                                  cache_block=int(r.get("cache_block", 0)))
 
@@ -160,6 +162,36 @@ def decode(exp: experiment.Experiment, response: Any) -> list[str]:
   return [exp.tokenizer.decode(r).strip() for r in to_host(response)]
 
 
+def add_function_rewards(exp: experiment.Experiment,
+                         functions: Sequence[reward_functions.RewardFunction],
+                         batch: pipeline.Batch, examples: Sequence[Any]
+                         ) -> tuple[pipeline.Batch, dict[str, np.ndarray]]:
+  """`batch` with the reward functions' weighted sum (`function_rewards`) and the reward model's
+  weight (`model_weight`) per row, which `rewards_at_eos` adds up; and each function's values
+  [B] (NaN for None). `examples[i]` is the example of row i."""
+  response = to_host(batch["response"])
+  tok = exp.tokenizer
+  ids = [before_eos(r, tok.eos_ids, (tok.pad_id,)) for r in response]
+  texts = [tok.decode(r).strip() for r in response]
+  total, values = reward_functions.evaluate(functions, examples, texts, ids)
+  weight = float(exp.config.reward.model_weight)
+  added = exp.parallel.put({"function_rewards": total,
+                            "model_weight": np.full(total.shape, weight, np.float32)},
+                           exp.parallel.batch)
+  return {**batch, **added}, values
+
+
+def log_completions(path: str, step: int, examples: Sequence[Any], texts: Sequence[str],
+                    values: dict[str, np.ndarray], total: np.ndarray) -> None:
+  """One line per completion of iteration `step` in `path` (as TRL's `log_completions`): its
+  example's id, the completion, each function's reward (null for None) and their weighted sum."""
+  metrics.append_rows(path, step, [
+      {"id": getattr(e, "id", None), "completion": t,
+       "rewards": {name: None if np.isnan(v[i]) else float(v[i]) for name, v in values.items()},
+       "function_reward": float(total[i])}
+      for i, (e, t) in enumerate(zip(examples, texts, strict=True))])
+
+
 def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, cfg: ModelConfig,
         temperature: float) -> jax.Array:
   return (policy.response_logprobs(params, batch, cfg, temperature=temperature)
@@ -191,25 +223,31 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[pip
   return texts, (np.concatenate(kls) if kls else None)
 
 
-def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: int,
+def penalize_missing_eos(scores: jax.Array, response: jax.Array, eos_id: sampling.EosIds,
                          penalty_score: float) -> jax.Array:
   """Scores with `penalty_score` in place of the reward of every response that has no eos."""
-  return jnp.where((response == eos_id).any(-1), scores, penalty_score)
+  return jnp.where(sampling.is_eos(response, eos_id).any(-1), scores, penalty_score)
 
 
-def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: int,
+def rewards_at_eos(reward_params: Any, batch: pipeline.Batch, cfg: ModelConfig, eos_id: sampling.EosIds,
                    no_eos_score: float | None, group: int = 1) -> tuple[jax.Array, jax.Array]:
   """(scores, raw scores) [B]: the reward model read at each response's last real token, and the
   scores after the truncation rule (`no_eos_score` for a response without eos; None: no rule).
-  `group` k > 1: each prompt's k adjacent samples share one computation of it."""
-  raw = reward.score(reward_params, batch, cfg, group=group)
+  `group` k > 1: each prompt's k adjacent samples share one computation of it.
+
+  A batch with reward functions' values (`function_rewards` [B], their weighted sum, and
+  `model_weight` [B], the reward model's weight: reward_functions.py) has the reward model's score
+  times its weight plus theirs; `reward_params` None: the functions' alone."""
+  raw = None if reward_params is None else reward.score(reward_params, batch, cfg, group=group)
+  if "function_rewards" in batch:
+    raw = batch["function_rewards"] + (0.0 if raw is None else batch["model_weight"] * raw)
   if no_eos_score is None:
     return raw, raw
   return penalize_missing_eos(raw, batch["response"], eos_id, no_eos_score), raw
 
 
 def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
-               cfg: ModelConfig, temperature: float, eos_id: int,
+               cfg: ModelConfig, temperature: float, eos_id: sampling.EosIds,
                no_eos_score: float | None, group: int = 1) -> dict[str, jax.Array]:
   """What every critic-free online method needs of a sampled batch, in one pure function: per-token
   log-probs of the policy and the reference at the sampling temperature and the policy's entropy

@@ -16,6 +16,7 @@ from rlhfjax.data import pipeline
 from rlhfjax.data import tables
 from rlhfjax.data import trl
 from rlhfjax.errors import ConfigError, DataError
+from rlhfjax.simulated import arithmetic
 from rlhfjax.simulated import world
 from rlhfjax.sources import tfds_builders
 
@@ -43,6 +44,9 @@ def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
   `data.source`:
   - `sim_tldr`: the simulated world generated in memory from `seed`, the split sizes and
     `reference_noise`.
+  - `arithmetic`: the verifiable task's word problems (`simulated/arithmetic.py`) generated in
+    memory from `seed`, the split sizes, `slip` (the SFT solutions' error rate) and `chat`
+    (conversational records, for an instruct model's chat template).
   - `tfds`: the TFDS dataset `data.tfds_name` (see `TFDS_SPLITS` for how its splits map to ours) in
     config `data.tfds_config`, read from `data.data_dir` ('': TFDS's default directory) and first
     built from the files in `data.manual_dir` ('': `<data_dir>/downloads/manual`) if it is not there
@@ -68,8 +72,12 @@ def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
     return _tfds_splits(cfg)
   if source == FILES:
     return file_splits(cfg)
+  if source == "arithmetic":
+    sizes = {k: int(cfg[k]) for k in ("sft", "unlabeled", "validation", "test")}
+    return arithmetic.splits(int(cfg["seed"]), sizes, float(cfg.get("slip", 0.5)),
+                             bool(cfg.get("chat", False)))
   raise ConfigError(f"data.source: unknown source {source!r} (available: 'sim_tldr', 'tfds', "
-                    f"{FILES!r})")
+                    f"{FILES!r}, 'arithmetic')")
 
 
 FILES = "files"  # data.source of TRL-format files (`data/trl.py`).

@@ -105,7 +105,7 @@ _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # The critic-free online methods whose update (experience and minibatch passes) compiles as
 # `<task>_update`; dapo and gspo are grpo.py under their own blocks.
-CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "reinforce_pp": reinforce_pp}
+CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "dr_grpo": grpo, "reinforce_pp": reinforce_pp}
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
@@ -155,10 +155,7 @@ class Step:
 def model_config(config: Any) -> ModelConfig:
   """The model of a config: its `model` block, or the architecture a pretrained `init_from` names
   (only its shapes are needed here)."""
-  block = config.model.to_dict()
-  if block.get("init_from"):
-    return pretrained.model_config(pretrained.resolve(block["init_from"]), block)
-  return ModelConfig.from_mapping({k: v for k, v in block.items() if k != "init_from"})
+  return pretrained.block_config(config.model.to_dict())
 
 
 def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Experiment:

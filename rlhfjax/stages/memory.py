@@ -33,6 +33,7 @@ from rlhfjax.models import attention
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.config import REMAT
 from rlhfjax.models import lora
+from rlhfjax.models import pretrained
 from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import Parallel
@@ -269,10 +270,11 @@ def format_ppo_held(rows: dict[str, dict]) -> str:
 
 
 def run(config: Any, workdir: str) -> dict:
-  """task=memory: the plan for this config's model and mesh (SFT step, RM step, PPO rollout) beside
-  what XLA allocates for the SFT step, each trained model's activations under every remat policy;
-  writes `<workdir>/memory.json`."""
-  cfg = ModelConfig.from_mapping(config.model.to_dict())
+  """task=memory: the plan for this config's model (a pretrained `init_from`'s architecture, read
+  from its config) and mesh (SFT step, RM step, PPO rollout) beside what XLA allocates for the SFT
+  step, each trained model's activations under every remat policy; writes
+  `<workdir>/memory.json`."""
+  cfg = pretrained.block_config(config.model.to_dict())
   par = Parallel.from_config(config.mesh)
   seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len
   rm_logits = r_len if config.rm.likelihood_weight else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, Sequence, TypeVar
 
 import jax
 import numpy as np
@@ -51,6 +51,29 @@ class MetricWriter:
     if self.enabled:
       self._jsonl.close()
       self._tb.close()
+
+
+def append_rows(path: str, step: int, rows: Sequence[Mapping[str, Any]]) -> None:
+  """Appends `rows` of iteration `step` to the JSONL file `path` (process 0 only): a rerun of the
+  step after a resume appends them again, and `read_rows` keeps the latest."""
+  if jax.process_index() != 0:
+    return
+  with open(path, "a", encoding="utf-8") as f:
+    f.write("".join(json.dumps({"step": int(step), **r}) + "\n" for r in rows))
+
+
+def read_rows(path: str) -> dict[int, list[dict[str, Any]]]:
+  """`append_rows`' file as {step: rows}, each step's latest rows."""
+  out: dict[int, list[dict[str, Any]]] = {}
+  last = None
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      row = json.loads(line)
+      step = int(row.pop("step"))
+      if step != last:
+        out[step], last = [], step
+      out[step].append(row)
+  return out
 
 
 def read_jsonl(path: str) -> dict[int, dict[str, float]]:
