@@ -370,3 +370,39 @@ def test_importing_rlhfjax_silences_libtpu_on_a_cpu_host(imports):
                        cwd=ROOT, timeout=120, check=True)
   assert out.stdout.strip() == "cpu"
   assert "TPU" not in out.stderr and "libtpu" not in out.stderr, out.stderr
+
+
+@needs_libtpu
+def test_lora_steps_hold_adapters_and_their_moments_only(tmp_path):
+  """With a `lora` block every step task=compile lowers holds what the run trains: the adapters and
+  their AdamW moments beside the frozen base, and no separate reference (the LoRA policy's own base
+  is its reference). Per chip, from the steps' sharded arguments (uncompiled); then the LoRA PPO
+  steps and DPO compile, the decode step gathering no weight."""
+  devices = tpu.devices("v5e:2x2")
+  names = ("sft", "rm", "dpo", "kto", "ppo_update", "grpo_update")
+  args, steps = {}, {}
+  for rank in (0, 4):
+    c = tiny_llama()
+    c.model.dtype = "bfloat16"
+    c.lora.update(rank=rank)
+    par = compile_task.Parallel(compile_task.topology_mesh(devices, {"data": 1, "fsdp": 4,
+                                                                     "tensor": 1}))
+    steps[rank] = {s.name: s for s in compile_task.steps(c, compile_task.model_config(c), par,
+                                                         names, fast_domain=4)}
+    args[rank] = {n: compile_task._per_chip(s.args)  # pylint: disable=protected-access
+                  for n, s in steps[rank].items()}
+  for name in names:
+    assert args[4][name] < args[0][name], name
+  # PPO, DPO, KTO and GRPO pass no reference tree under LoRA.
+  assert steps[4]["ppo_update"].args[1] is None and steps[0]["ppo_update"].args[1] is not None
+  assert steps[4]["dpo"].args[1] is None and steps[4]["grpo_update"].args[1] is None
+  assert "lora" in steps[4]["sft"].args[0].params and "lora" not in steps[0]["sft"].args[0].params
+  assert "lora" in steps[4]["rm"].args[0].params["backbone"]
+  c = tiny_llama()
+  c.model.dtype = "bfloat16"
+  c.lora.update(rank=4)
+  c.compile.update(topology="v5e:2x2", steps="dpo,ppo_prefill,ppo_decode,ppo_update")
+  rows = compile_task.run(c, str(tmp_path))["v5e:2x2"]["rows"]
+  for name in ("dpo", "ppo_prefill", "ppo_decode", "ppo_update", compile_task.RESHARD):
+    assert rows[name]["fits"], name
+  assert rows["ppo_decode"]["collectives"].get("all-gather", {"count": 0})["count"] == 0

@@ -16,7 +16,9 @@ less the training state and the frozen models as the room it has; `rollout_resha
 the policy into it, once per iteration (cast and resharding compiled as one program; none with
 `rollout.mesh='train'`, which samples from the trainer's layout and float32 weights). The decode
 step is the one of the last cache block (`rollout.cache_block`): it reads the most cache slots.
-One row per step:
+Each step holds what a run of the config trains: with a `lora` block, the adapters and their AdamW
+moments beside the frozen base, and no reference tree where the policy's own base is the reference
+(the planner's `plan` and the analytic FLOPs still count full fine-tuning). One row per step:
 
 - per-chip bytes from XLA's `memory_analysis()`: arguments, temporaries, outputs (less what is
   donated), plus what stays resident in HBM while the step runs without being its argument (during
@@ -157,13 +159,25 @@ def model_config(config: Any) -> ModelConfig:
 
 
 def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Experiment:
-  """The parts of an Experiment the algorithms' state templates read (no data, no tokenizer)."""
-  return experiment.Experiment(config, "", {}, None, cfg, par)
+  """The parts of an Experiment the algorithms' state templates read (no data, no tokenizer): the
+  model, the mesh and the `lora` block, so each step holds the adapters and optimizer state a run
+  of this config trains with."""
+  return experiment.Experiment(config, "", {}, None, cfg, par, "",
+                               lora.from_config(config.get("lora")))
 
 
 def _key(par: Parallel) -> jax.ShapeDtypeStruct:
   key = jax.eval_shape(lambda: jax.random.key(0))
   return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=par.replicated)
+
+
+def _policy_state(exp: experiment.Experiment, cfg: ModelConfig, par: Parallel,
+                  tx: Any, role: str) -> tuple[TrainState, Any]:
+  """The abstract train state of a policy trained as `role` (of lora.MODELS), with the adapters
+  and the optimizer state the `lora` block gives it, and its shardings."""
+  make = lambda k: TrainState.create(lora.adapt(k, transformer.init(k, cfg), exp.lora, role), tx)
+  return par.train_state(make, lora.model_axes(transformer.param_axes(cfg), exp.lora, role), tx,
+                         jax.random.key(0), abstract=True)
 
 
 def _tokens(par: Parallel, batch: int, names: dict[str, int]) -> dict[str, jax.ShapeDtypeStruct]:
@@ -327,9 +341,8 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
   if "sft" in names:
     c = config.sft
     par.check_batch("sft.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, c.steps)
-    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
-                                transformer.param_axes(cfg), tx, jax.random.key(0), abstract=True)
+    tx = optimizer.adamw(c, c.steps, exp.trainable("sft"))
+    state, sh = _policy_state(exp, cfg, par, tx, "sft")
     trained = exp.model_for("sft")
     fn = par.jit(functools.partial(sft.train_step, cfg=trained, tx=tx),
                  (sh, par.batch, par.replicated), (sh, par.replicated), (0,))
@@ -341,10 +354,13 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
   if "rm" in names:
     c = config.rm
     par.check_batch("rm.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000)
-    sh = par.state_shardings(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params),
-                             jax.tree.map(lambda x: x.sharding, rm_params), tx)
-    state = par.abstract(jax.eval_shape(lambda p: TrainState.create(p, tx), rm_params), sh)
+    tx = optimizer.adamw(c, 1000, exp.trainable("rm"))
+    axes = reward_model.param_axes(exp)
+    axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
+    adapt = lambda p: {**p, "backbone": lora.adapt(jax.random.key(0), p["backbone"], exp.lora,
+                                                   "rm")}
+    state, sh = par.train_state(lambda p: TrainState.create(adapt(p), tx), axes, tx, rm_params,
+                                abstract=True)
     trained = exp.model_for("rm")
     fn = par.jit(functools.partial(reward_model.train_step, cfg=trained, tx=tx), (sh, par.batch),
                  (sh, par.replicated), (0,))
@@ -358,54 +374,56 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
       continue
     c = config[task]
     par.check_batch(f"{task}.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000)
-    policy_axes = transformer.param_axes(cfg)
-    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
-                                policy_axes, tx, jax.random.key(0), abstract=True)
+    tx = optimizer.adamw(c, 1000, exp.trainable("policy"))
+    state, sh = _policy_state(exp, cfg, par, tx, "policy")
     trained = exp.model_for("policy")
     with_ref = c.loss_type in dpo.REFERENCE_LOSSES
+    # A LoRA policy's reference is its own base (no tree of its own), as dpo.train runs it.
+    ref_tree = with_ref and not exp.lora.applies_to("policy")
     fn = par.jit(functools.partial(dpo.train_step, cfg=trained, c=c, tx=tx),
-                 (sh, sh.params if with_ref else None, par.batch), (sh, par.replicated), (0,))
+                 (sh, sh.params if ref_tree else None, par.batch), (sh, par.replicated), (0,))
     batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
     train = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
     ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len) if with_ref else 0.0
     passes = {"policy": (3, True), **({"reference": (1, False)} if with_ref else {})}
-    out.append(Step(task, fn, (state, state.params if with_ref else None, batch), train + ref,
+    out.append(Step(task, fn, (state, state.params if ref_tree else None, batch), train + ref,
                     train + ref + _recomputed(trained, 2 * c.batch_size, seq),
                     2 * c.batch_size * seq, passes,
                     plan(2 * c.batch_size, r_len, model=trained)["train_step"]
-                    + (_per_chip(state.params) if with_ref else 0)))
+                    + (_per_chip(state.params) if ref_tree else 0)))
   if "kto" in names:  # The policy trains on the matched rows; both models read the mismatched.
     c = config.kto
     par.check_batch("kto.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000)
-    state, sh = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
-                                transformer.param_axes(cfg), tx, jax.random.key(0), abstract=True)
+    tx = optimizer.adamw(c, 1000, exp.trainable("policy"))
+    state, sh = _policy_state(exp, cfg, par, tx, "policy")
     trained = exp.model_for("policy")
+    ref_tree = not exp.lora.applies_to("policy")
     fn = par.jit(functools.partial(kto.train_step, cfg=trained, c=c, tx=tx),
-                 (sh, sh.params, par.batch), (sh, par.replicated), (0,))
+                 (sh, sh.params if ref_tree else None, par.batch), (sh, par.replicated), (0,))
     batch = {**_tokens(par, c.batch_size, {"prompt": p_len, "response": r_len}),
              "label": jax.ShapeDtypeStruct((c.batch_size,), jnp.bool_, sharding=par.batch)}
     train = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
     forwards = flops.forward(cfg, 3 * c.batch_size, seq, logit_tokens=r_len)
-    out.append(Step("kto", fn, (state, state.params, batch), train + forwards,
-                    train + forwards + _recomputed(trained, c.batch_size, seq),
+    out.append(Step("kto", fn, (state, state.params if ref_tree else None, batch),
+                    train + forwards, train + forwards + _recomputed(trained, c.batch_size, seq),
                     2 * c.batch_size * seq, {"policy": (4, True), "reference": (1, False)},
                     plan(c.batch_size, r_len, model=trained)["train_step"]
-                    + _per_chip(state.params)))
+                    + (_per_chip(state.params) if ref_tree else 0)))
 
   c = config.ppo
   ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
   if ppo_names:
     ppo.check_config(c)
     par.check_batch("ppo.rollout_batch", c.rollout_batch)
-    tx = ppo.adamw(c)
+    tx = ppo.adamw(c, exp.trainable("policy", "value"))
     policy_abstract = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
-    state, sh = par.train_state(functools.partial(ppo.init_state, exp),
-                                ppo.param_axes(cfg, c.value_model), tx, policy_abstract, rm_params,
-                                abstract=True)
+    state, sh = par.train_state(functools.partial(ppo.init_state, exp, lcfg=exp.lora),
+                                ppo.param_axes(cfg, c.value_model, exp.lora), tx, policy_abstract,
+                                rm_params, abstract=True)
     trunk = c.value_model == "policy_trunk"  # The value head reads the policy's hidden states.
-    ref = _frozen(par, state.params["policy"], frozen)
+    # A LoRA policy's reference is its own base, adapters off (ppo.train): no tree of its own.
+    ref = (None if exp.lora.applies_to("policy")
+           else _frozen(par, state.params["policy"], frozen))
     reward = _frozen(par, rm_params, frozen)
     b = c.rollout_batch
     everything = _per_chip((state, ref, reward))
@@ -417,8 +435,9 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     rpar = Parallel(rollout.mesh(layout, par.mesh))
     trainer = state.params["policy"]
     cast = functools.partial(rollout.cast, dtype=layout.dtype)
+    policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
     policy = rpar.abstract(jax.eval_shape(cast, trainer),
-                           rollout.shardings(transformer.param_axes(cfg), trainer, rpar.mesh))
+                           rollout.shardings(policy_axes, trainer, rpar.mesh))
     policy_sh = jax.tree.map(lambda x: x.sharding, policy)
     # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
     same = all(a.dtype == r.dtype and a.sharding == r.sharding
@@ -473,7 +492,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     policy_cfg, value_cfg = exp.model_for("policy"), exp.model_for("value")
     fn = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
                                    value_cfg=value_cfg),
-                 (sh, jax.tree.map(lambda x: x.sharding, ref),
+                 (sh, None if ref is None else jax.tree.map(lambda x: x.sharding, ref),
                   jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
                  (sh, par.replicated), (0,))
     batch = _tokens(par, b, {"prompt": p_len, "response": r_len})
@@ -504,13 +523,16 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     c = config[task]
     par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
     b = c.rollout_batch
-    tx = online.adamw(c, online.minibatch_updates_per_step(c))
-    policy_axes = transformer.param_axes(cfg)
+    tx = online.adamw(c, online.minibatch_updates_per_step(c), exp.trainable("policy"))
+    policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
     state, sh = par.train_state(
-        lambda k: TrainState.create({"policy": transformer.init(k, cfg)}, tx),
+        lambda k: TrainState.create(
+            {"policy": lora.adapt(k, transformer.init(k, cfg), exp.lora, "policy")}, tx),
         {"policy": policy_axes}, tx, jax.random.key(0), abstract=True)
     policy_cfg = exp.model_for("policy")
-    ref_sh = sh.params["policy"]
+    # A LoRA policy's reference is its own base (online.train): no tree of its own.
+    ref = None if exp.lora.applies_to("policy") else state.params["policy"]
+    ref_sh = None if ref is None else sh.params["policy"]
     rm_sh = jax.tree.map(lambda x: x.sharding, rm_params)
     fn = par.jit(functools.partial(module.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2),
                  (sh, ref_sh, rm_sh, par.batch, par.replicated), (sh, par.replicated), (0,))
@@ -521,9 +543,9 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
     f = 2 * policy_fwd + flops.forward(cfg, b, seq, logit_tokens=lm_rm) + c.epochs * 3 * policy_fwd
     update, experience = plan(c.minibatch_size, r_len, model=policy_cfg), plan(b, r_len)
-    planned = (update["train_step"] - update["activations"] + _per_chip((state.params, rm_params))
+    planned = (update["train_step"] - update["activations"] + _per_chip((ref, rm_params))
                + max(update["activations"], experience["forward_step"] - experience["params"]))
-    out.append(Step(f"{task}_update", fn, (state, state.params["policy"], rm_params, batch, key),
+    out.append(Step(f"{task}_update", fn, (state, ref, rm_params, batch, key),
                     f, f + c.epochs * _recomputed(policy_cfg, b, seq), b * seq * (1 + c.epochs),
                     {"policy": (1 + 3 * c.epochs, True), "reference": (1, False),
                      "reward": (1, False)}, planned))
