@@ -320,6 +320,7 @@ def _meta(exp: experiment.Experiment) -> dict:
   skip = ("log_every", "eval_every", "eval_examples")
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "ppo": {k: v for k, v in exp.config.ppo.items() if k not in skip},
+          "reward": exp.config.reward.to_dict(),  # Resuming under another reward is refused.
           **exp.lora_meta("policy"), **exp.lora_meta("value"), **exp.remat_meta(*_roles(exp))}
 
 
