@@ -22,6 +22,7 @@ from rlhfjax.labeling import comparisons  # noqa: E402
 from rlhfjax.labeling import protocols  # noqa: E402
 from rlhfjax.labeling import report  # noqa: E402
 from rlhfjax.labeling import server  # noqa: E402
+from rlhfjax.labeling import site as site_lib  # noqa: E402
 from rlhfjax.labeling import sources  # noqa: E402
 from rlhfjax.labeling import store as store_lib  # noqa: E402
 from rlhfjax.labeling import tasks  # noqa: E402
@@ -395,7 +396,7 @@ def test_admin_page_shows_statistics_not_answers(tmp_path):
 def test_hostile_session_cookie_and_answer_values(tmp_path):
   site = Site(tmp_path, gold_every=0)
   c = site.client()
-  c.cookies.set(server.COOKIE, "' OR '1'='1")
+  c.cookies.set(site_lib.COOKIE, "' OR '1'='1")
   assert c.get("/").url.path == "/login"
   ada = site.client("ada")
   csrf, assignment = page_ids(ada.get("/").text)

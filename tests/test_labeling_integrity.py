@@ -15,6 +15,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from rlhfjax.labeling import protocols  # noqa: E402
 from rlhfjax.labeling import server  # noqa: E402
+from rlhfjax.labeling import site as site_lib  # noqa: E402
 from rlhfjax.labeling import store as store_lib  # noqa: E402
 
 from test_labeling import (  # noqa: E402
@@ -219,6 +220,6 @@ def test_the_counter_shows_the_labelers_share_and_goal(tmp_path):
 
 
 def test_times_are_marked_up_for_local_time():
-  assert str(server._when(1_700_000_000.0)) == (
+  assert str(site_lib.when(1_700_000_000.0)) == (
       '<time datetime="2023-11-14T22:13:20+00:00">2023-11-14 22:13 UTC</time>')
-  assert server._when(None) == "—"
+  assert site_lib.when(None) == "—"

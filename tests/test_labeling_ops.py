@@ -21,8 +21,10 @@ from rlhfjax.labeling import diff  # noqa: E402
 from rlhfjax.labeling import protocols  # noqa: E402
 from rlhfjax.labeling import safe_text  # noqa: E402
 from rlhfjax.labeling import server  # noqa: E402
+from rlhfjax.labeling import site as site_lib  # noqa: E402
 from rlhfjax.labeling import sources  # noqa: E402
 from rlhfjax.labeling import store as store_lib  # noqa: E402
+from rlhfjax.labeling.routes import labeling as labeling_routes  # noqa: E402
 from rlhfjax.labeling import tasks  # noqa: E402
 
 from conftest import ROOT, load_config  # noqa: E402
@@ -98,8 +100,8 @@ def test_paths_and_flag_comments_reach_the_log_escaped_one_line_each(tmp_path, c
   assert len(flag) == 1
   head = f": cut off\\r\\n{FORGED}\\x00 and \\u202etxt.exe x"
   assert head in flag[0] and flag[0].endswith(
-      safe_text.escape(comment[:server.LOG_COMMENT]) + "…"), flag[0]
-  assert len(flag[0]) < server.LOG_COMMENT + 60  # Truncated.
+      safe_text.escape(comment[:labeling_routes.LOG_COMMENT]) + "…"), flag[0]
+  assert len(flag[0]) < labeling_routes.LOG_COMMENT + 60  # Truncated.
   assert "\x00" not in caplog.text and "\r" not in caplog.text
 
 
@@ -187,7 +189,7 @@ def test_two_sites_on_one_host_keep_their_sessions(tmp_path):
     return [browser.get(f"http://testserver:{port}/", follow_redirects=False).status_code == 200
             for port in apps]
 
-  assert both_signed_in([server.COOKIE] * 2) == [False, True]  # One name: the second wins.
+  assert both_signed_in([site_lib.COOKIE] * 2) == [False, True]  # One name: the second wins.
   config = load_config("labeling", "tiny")
   names = []
   for port in (8001, 8002):
@@ -197,7 +199,7 @@ def test_two_sites_on_one_host_keep_their_sessions(tmp_path):
   assert both_signed_in(names) == [True, True]
   config.labeling.cookie_name = "team_b"
   assert tasks.cookie_name(config.labeling) == "team_b"
-  assert server.cookie_names("team_b") == ("team_b", "team_b_login")
+  assert site_lib.cookie_names("team_b") == ("team_b", "team_b_login")
   config.labeling.cookie_name = "a b;"
   with pytest.raises(ConfigError, match="labeling.cookie_name"):
     tasks.cookie_name(config.labeling)

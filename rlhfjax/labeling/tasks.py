@@ -158,6 +158,7 @@ def serve(config, workdir: str) -> None:
     import uvicorn
     from rlhfjax.labeling import guidelines
     from rlhfjax.labeling import server
+    from rlhfjax.labeling import site
   except ImportError as e:
     raise ConfigError(f"task=label_server needs the label extra: pip install -e '.[label]' ({e})"
                       ) from None
@@ -169,7 +170,7 @@ def serve(config, workdir: str) -> None:
       login_per_minute=c.login_attempts_per_minute, public_url=c.url,
       guidelines=guidelines.load(protocol.name, c.guidelines) if c.guidelines else "",
       token_s=3600.0 * c.token_hours,
-      export_rules=server.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels),
+      export_rules=site.ExportRules(layout, c.min_gold_agreement, c.min_gold_labels),
       goal=c.goal, cookie=cookie_name(c))
   served = f"http://{'127.0.0.1' if c.host in ('0.0.0.0', '::') else c.host}:{c.port}"
   store.set_meta("served_url", served)  # What label_user's links carry without labeling.url.
