@@ -34,7 +34,7 @@ reward falls linearly over the last L_cache tokens before response_len); dynamic
 GSPO (Zheng et al. 2025): `importance_sampling_level='sequence'` takes one ratio per response,
 the geometric mean of its token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its
 value and a gradient per token. task=dapo and task=gspo run this step under the `dapo` and `gspo`
-blocks, which hold the papers' settings; docs/methods.md gives the formulas.
+blocks, which hold the papers' settings; docs/grpo_variants.md gives the formulas.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def check_config(c: Any, response_len: int | None = None, task: str = "grpo") ->
     raise ConfigError(f"{task}.loss_type 'dapo' (TRL's name) is 'bnpo' here: the token mean over "
                       "each minibatch; DAPO's other parts are their own knobs (cliprange_high, "
                       "overlong_buffer, dynamic_sampling, max_num_gen_batches), all set in the "
-                      "dapo block that task=dapo runs (docs/methods.md)")
+                      "dapo block that task=dapo runs (docs/grpo_variants.md)")
   for key, allowed in (("scale_rewards", SCALES), ("loss_type", LOSS_TYPES),
                        ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
     if c[key] not in allowed:
