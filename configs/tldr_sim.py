@@ -206,7 +206,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # GRPO (Shao et al.: beta 0.04 with the k3 KL in the loss, cliprange 0.2, rewards normalised
   # per group, loss_type 'grpo' = per-sequence token means; k 8 as TRL's num_generations).
   # scale_rewards: group | batch | none; loss_type: grpo | bnpo | dr_grpo; kl_estimator: k3 | k1;
-  # kl_in: loss | reward.
+  # kl_in: loss | reward (k1 in the loss with beta > 0 is refused: its gradient is zero in
+  # expectation).
   # DAPO (Yu et al. 2025; each part off here, DAPO's value in brackets): cliprange is the lower
   # clip eps_low [0.2], cliprange_high the upper eps_high [0.28]; loss_type 'bnpo' is its token-
   # level loss; overlong_buffer: the last L_cache tokens before response_len, over which the

@@ -176,6 +176,21 @@ def test_defaults_are_grpo_and_bad_settings_are_refused(tiny_config):
       grpo.check_config(bad, tiny_config.format.response_len)
 
 
+def test_k1_in_the_loss_is_refused_in_every_grpo_block(tiny_config):
+  """k1's gradient in the loss is ∇ log π, zero in expectation over π's samples: with β > 0 each
+  GRPO block refuses it in one line naming its keys; k1 in the reward, or with β 0, passes."""
+  for task in ("grpo", "dapo", "gspo", "dr_grpo"):
+    bad = ml_collections.ConfigDict(tiny_config[task].to_dict())
+    bad.update(kl_estimator="k1", kl_in="loss", beta=0.04)
+    with pytest.raises(ConfigError, match=f"{task}.kl_estimator='k1' with {task}.kl_in='loss' "
+                                          f"has a zero gradient in expectation"):
+      grpo.check_config(bad, tiny_config.format.response_len, task)
+    for ok in (dict(kl_in="reward"), dict(beta=0.0)):
+      fine = ml_collections.ConfigDict(bad.to_dict())
+      fine.update(ok)
+      grpo.check_config(fine, tiny_config.format.response_len, task)
+
+
 def test_the_papers_blocks_pass_their_checks(tiny_config):
   """task=dapo and task=gspo: the grpo block under DAPO's and GSPO's settings, refill included."""
   d, g = tiny_config.dapo, tiny_config.gspo

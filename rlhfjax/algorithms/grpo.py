@@ -11,9 +11,10 @@ per-token loss is the clipped surrogate minus the KL penalty in the loss,
   ℓ_t = −[min(ρ_t A_i, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_i) − β KL_t],
   ρ_t = π_θ(y_t) / π_old(y_t),  ε_low = `cliprange`, ε_high = `cliprange_high` (= ε_low: GRPO),
 
-with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0; `kl_estimator='k1'`
-uses log π_θ − log π_ref). `kl_in='reward'` instead subtracts β Σ_t KL_t from r_i before the group
-normalisation, as PPO and RLOO do. How the token losses become one number is what GRPO's follow-ups
+with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0). `kl_in='reward'`
+instead subtracts β Σ_t KL_t from r_i before the group normalisation, as PPO and RLOO do, where
+`kl_estimator='k1'` (log π_θ − log π_ref) may serve too; in the loss k1 is refused, its gradient
+∇ log π_θ being zero in expectation over π_θ's samples. How the token losses become one number is what GRPO's follow-ups
 argue about (`loss_type`):
 
   'grpo'    (Shao et al.)  mean over sequences of each sequence's token mean;
@@ -273,6 +274,11 @@ def check_config(c: Any, response_len: int | None = None, task: str = "grpo") ->
                        ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
     if c[key] not in allowed:
       raise ConfigError(f"{task}.{key} must be one of {allowed}, got {c[key]!r}")
+  if c.kl_estimator == "k1" and c.kl_in == "loss" and c.beta > 0:
+    # ∇(log π − log π_ref) = ∇ log π, and E_π[∇ log π] = 0: the penalty would pull nowhere.
+    raise ConfigError(f"{task}.kl_estimator='k1' with {task}.kl_in='loss' has a zero gradient in "
+                      f"expectation (β {c.beta} pulls nothing towards the reference): use "
+                      f"{task}.kl_estimator='k3' in the loss, or {task}.kl_in='reward' for k1")
   level = knob(c, "importance_sampling_level")
   if level not in IS_LEVELS:
     raise ConfigError(f"{task}.importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
