@@ -222,6 +222,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
                 minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
                 dynamic_sampling=False, max_num_gen_batches=1, importance_sampling_level="token")
+  # dapo, gspo and dr_grpo below are blocks of their own, each complete (every knob the GRPO step
+  # reads; the code has no defaults for them): copies of grpo's values as this file sets them, with
+  # each paper's settings on top. A run reads its task's block alone, so --config.grpo.lr=...
+  # changes task=grpo only and --config.dapo.lr=... task=dapo only (likewise gspo, dr_grpo); to
+  # change a knob for several of them, set it in each block.
   # task=dapo: the GRPO step under DAPO's settings (verl's recipe): Clip-Higher (0.2, 0.28), the
   # token-level loss, overlong shaping over the last fifth of response_len (4096 of 20480 tokens),
   # dynamic sampling refilled from new prompts in up to 10 generation batches, no KL term.
@@ -354,11 +359,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
-    for block in (c.rloo, c.grpo, c.dapo, c.gspo, c.reinforce_pp, c.online_dpo):
+    for block in (c.rloo, c.grpo, c.dapo, c.gspo, c.dr_grpo, c.reinforce_pp, c.online_dpo):
       block.update(steps=2, rollout_batch=8, eval_every=2, eval_examples=8)
     for block in (c.rloo, c.reinforce_pp):
       block.update(minibatch_size=4)
-    for block in (c.grpo, c.dapo, c.gspo):
+    for block in (c.grpo, c.dapo, c.gspo, c.dr_grpo):
       block.update(k=4, minibatch_size=4)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)
