@@ -199,3 +199,22 @@ def test_with_tis_off_the_sampler_logprobs_change_no_update(tiny, name):
   assert set(off) - set(plain) == set(GAP) and set(plain) <= set(off)
   with pytest.raises(ConfigError, match=f"{name}.truncated_is"):
     jax.eval_shape(step(True), state, ref, rm, batch, key)
+
+
+def test_the_grpo_blocks_name_their_own_tis_key(tiny_config, tiny, monkeypatch):
+  """task=dapo, gspo and dr_grpo run the GRPO step under their own blocks: a batch without the
+  sampler's log-probs stops with the key of the block the run reads (dapo.truncated_is, ...), not
+  grpo's. The step as grpo.run hands it to the loop, traced, not run."""
+  ref, rm, batch, _ = tiny
+  tx = optax.adam(1e-2)
+  state = jax.eval_shape(lambda: TrainState.create({"policy": ref}, tx))
+  key = jax.eval_shape(lambda: jax.random.key(1))
+  steps = {}
+  monkeypatch.setattr(online, "run_policy",
+                      lambda config, workdir, task, step, *a, **kw: steps.setdefault(task, step))
+  for task in ("grpo", "dapo", "gspo", "dr_grpo"):
+    tiny_config[task].truncated_is = True
+    grpo.run(tiny_config, "unused", task)
+    step = functools.partial(steps[task], cfg=CFG, c=tiny_config[task], tx=tx, eos_id=EOS)
+    with pytest.raises(ConfigError, match=rf"^{task}\.truncated_is needs the sampler's log-probs"):
+      jax.eval_shape(step, state, ref, rm, batch, key)

@@ -41,6 +41,7 @@ independent of `grpo`'s (configs/tldr_sim.py); docs/methods.md gives the formula
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -216,9 +217,11 @@ def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: p
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: sampling.EosIds) -> tuple[TrainState, dict[str, jax.Array]]:
+               eos_id: sampling.EosIds, task: str = "grpo"
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, group-normalised advantages) and `c.epochs` of minibatch
-  updates for one batch of `c.k` samples per prompt."""
+  updates for one batch of `c.k` samples per prompt, under the block of `task` (grpo, dapo, gspo,
+  dr_grpo: the name its errors give)."""
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   rewards, variant_stats = shaped_rewards(e, batch, c, eos_id)
@@ -231,7 +234,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     variant_stats.update({
         "dynamic_sampling/dropped_groups": (~kept).sum().astype(jnp.float32),
         "dynamic_sampling/kept_fraction": kept.astype(jnp.float32).mean()})
-  weights = online.tis_weights(e["logprobs"], batch, c, "grpo")
+  weights = online.tis_weights(e["logprobs"], batch, c, task)
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -307,5 +310,5 @@ def run(config, workdir: str, task: str = "grpo") -> TrainState:
   check_config(c, config.format.response_len, task)
   draws = c.max_num_gen_batches
   refill = online.Refill(informative, draws) if draws > 1 else None
-  return online.run_policy(config, workdir, task, train_step, c.k,
+  return online.run_policy(config, workdir, task, functools.partial(train_step, task=task), c.k,
                            online.minibatch_updates_per_step(c), refill=refill)
