@@ -213,8 +213,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # level loss; overlong_buffer: the last L_cache tokens before response_len, over which the
   # reward falls linearly to -overlong_penalty_factor [4096 of 20480 tokens; 1.0] (0: off; with
   # penalize_no_eos a response without eos keeps no_eos_score, no penalty on top);
-  # dynamic_sampling: groups whose rewards are all equal leave the loss [on; DAPO also refills the
-  # batch from new prompts, not done here]; DAPO drops the KL [beta 0].
+  # dynamic_sampling: groups whose rewards are all equal leave the loss [on]; max_num_gen_batches:
+  # with dynamic sampling, the loop refills the batch with groups of new prompts, drawing up to
+  # that many generation batches an iteration [10] (1: no refill); DAPO drops the KL [beta 0].
   # GSPO (Zheng et al. 2025): importance_sampling_level token (GRPO) | sequence (one ratio per
   # response, the geometric mean of its token ratios [cliprange 3e-4, cliprange_high 4e-4,
   # beta 0]) | sequence_token (GSPO-token: that value, each token's own gradient).
