@@ -33,7 +33,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # SmolLM2's ChatML-framed TL;DR prompts of this world are 130 tokens on average (at most 156).
   # thinking: what a template's thinking switch gets (Qwen3's enable_thinking, with init_from a
   # Qwen3 directory); off, the prompt closes an empty think block and the model answers directly.
-  c.format = dict(prompt_len=160, response_len=48, chat=True, thinking=False)
+  # Updated, not replaced: the dapo block's overlong_buffer follows format.response_len.
+  c.format.update(prompt_len=160, response_len=48, chat=True, thinking=False)
 
   # A pretrained model needs far fewer and gentler steps than the quickstart's from-scratch decoder.
   # These sizes take about half an hour on a 2-core CPU (docs/pretrained.md); scale them up on an

@@ -206,14 +206,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # GRPO (Shao et al.: beta 0.04 with the k3 KL in the loss, cliprange 0.2, rewards normalised
   # per group, loss_type 'grpo' = per-sequence token means; k 8 as TRL's num_generations).
   # scale_rewards: group | batch | none; loss_type: grpo | bnpo | dr_grpo; kl_estimator: k3 | k1;
-  # kl_in: loss | reward.
+  # kl_in: loss | reward (k1 in the loss with beta > 0 is refused: its gradient is zero in
+  # expectation).
   # DAPO (Yu et al. 2025; each part off here, DAPO's value in brackets): cliprange is the lower
   # clip eps_low [0.2], cliprange_high the upper eps_high [0.28]; loss_type 'bnpo' is its token-
   # level loss; overlong_buffer: the last L_cache tokens before response_len, over which the
   # reward falls linearly to -overlong_penalty_factor [4096 of 20480 tokens; 1.0] (0: off; with
   # penalize_no_eos a response without eos keeps no_eos_score, no penalty on top);
-  # dynamic_sampling: groups whose rewards are all equal leave the loss [on; DAPO also refills the
-  # batch from new prompts, not done here]; DAPO drops the KL [beta 0].
+  # dynamic_sampling: groups whose rewards are all equal leave the loss [on]; max_num_gen_batches:
+  # with dynamic sampling, the loop refills the batch with groups of new prompts, drawing up to
+  # that many generation batches an iteration [10] (1: no refill); DAPO drops the KL [beta 0].
   # GSPO (Zheng et al. 2025): importance_sampling_level token (GRPO) | sequence (one ratio per
   # response, the geometric mean of its token ratios [cliprange 3e-4, cliprange_high 4e-4,
   # beta 0]) | sequence_token (GSPO-token: that value, each token's own gradient).
@@ -221,6 +223,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
                 minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
                 dynamic_sampling=False, max_num_gen_batches=1, importance_sampling_level="token")
+  # dapo, gspo and dr_grpo below are blocks of their own, each complete (every knob the GRPO step
+  # reads; the code has no defaults for them): copies of grpo's values as this file sets them, with
+  # each paper's settings on top. A run reads its task's block alone, so --config.grpo.lr=...
+  # changes task=grpo only and --config.dapo.lr=... task=dapo only (likewise gspo, dr_grpo); to
+  # change a knob for several of them, set it in each block.
   # task=dapo: the GRPO step under DAPO's settings (verl's recipe): Clip-Higher (0.2, 0.28), the
   # token-level loss, overlong shaping over the last fifth of response_len (4096 of 20480 tokens),
   # dynamic sampling refilled from new prompts in up to 10 generation batches, no KL term.
@@ -353,11 +360,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rm.update(batch_size=8, warmup_steps=1, log_every=2, eval_every=2, eval_batch_size=16,
                 norm_examples=16, probe_examples=8, bootstrap=20)
     c.ppo.update(steps=4, rollout_batch=8, minibatch_size=4, eval_every=2, eval_examples=8)
-    for block in (c.rloo, c.grpo, c.dapo, c.gspo, c.reinforce_pp, c.online_dpo):
+    for block in (c.rloo, c.grpo, c.dapo, c.gspo, c.dr_grpo, c.reinforce_pp, c.online_dpo):
       block.update(steps=2, rollout_batch=8, eval_every=2, eval_examples=8)
     for block in (c.rloo, c.reinforce_pp):
       block.update(minibatch_size=4)
-    for block in (c.grpo, c.dapo, c.gspo):
+    for block in (c.grpo, c.dapo, c.gspo, c.dr_grpo):
       block.update(k=4, minibatch_size=4)
     c.checkpoint.update(every=4)
     c.best_of_n.update(n=4, batch_size=32)

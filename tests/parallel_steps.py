@@ -69,7 +69,8 @@ CRITIC_FREE = {
         normalize_advantages=False))),
     "grpo": (grpo, ml_collections.ConfigDict(dict(
         **ONLINE, k=4, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
-        scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=4))),
+        cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2, minibatch_size=4,
+        overlong_buffer=0, dynamic_sampling=False, importance_sampling_level="token"))),
     # Every part DAPO and GSPO add to the GRPO step, in one program: the sequence-level ratio,
     # Clip-Higher, the token-level loss, overlong shaping and dynamic sampling's dropped rows.
     "dapo_gspo": (grpo, ml_collections.ConfigDict(dict(

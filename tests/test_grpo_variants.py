@@ -1,7 +1,7 @@
 """DAPO's and GSPO's parts of the GRPO step against hand-worked numbers: the decoupled clip range,
 the overlong penalty and the missing-eos rule, dynamic sampling's dropped groups, GSPO's sequence
-ratio and GSPO-token's gradient; the defaults (GRPO's program, unchanged); one real step of each
-variant under the tiny config's grpo block."""
+ratio and GSPO-token's gradient; the defaults (GRPO's settings); one real step of each
+variant under the tiny config's grpo block; the four GRPO blocks, each complete and independent."""
 
 import functools
 import math
@@ -12,7 +12,11 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
+from absl import flags
+from ml_collections import config_flags
 
+from conftest import ROOT
+from conftest import load_config
 from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import online
 from rlhfjax.data import pipeline
@@ -27,9 +31,13 @@ NEW_KEYS = ("cliprange_high", "overlong_buffer", "overlong_penalty_factor", "dyn
 
 
 def _c(**kw) -> ml_collections.ConfigDict:
-  """A loss-only block: no KL (β 0), GRPO's symmetric clip unless `kw` says otherwise."""
-  return ml_collections.ConfigDict(dict(dict(cliprange=0.2, beta=0.0, kl_estimator="k3",
-                                             kl_in="loss"), **kw))
+  """A loss-only block: no KL (β 0), GRPO's symmetric clip and token ratio, no overlong shaping,
+  unless `kw` says otherwise."""
+  return ml_collections.ConfigDict(dict(dict(cliprange=0.2, cliprange_high=0.2, beta=0.0,
+                                             kl_estimator="k3", kl_in="loss",
+                                             importance_sampling_level="token",
+                                             overlong_buffer=0, overlong_penalty_factor=1.0),
+                                        **kw))
 
 
 def test_dapo_clip_range_is_decoupled():
@@ -46,7 +54,8 @@ def test_dapo_clip_range_is_decoupled():
   np.testing.assert_allclose(loss, [[-1.25, -1.28, -0.75, -0.85], [1.25, 1.3, 0.8, 0.85]],
                              rtol=1e-6)
   np.testing.assert_array_equal(clipped, [[False, True, False, False], [False, False, True, False]])
-  # Without cliprange_high the clip is GRPO's symmetric 1 ± 0.2: 1.25 and 1.3 both clip to 1.2.
+  # With cliprange_high = cliprange the clip is GRPO's symmetric 1 ± 0.2: 1.25 and 1.3 both clip
+  # to 1.2.
   loss, _, clipped = grpo.token_losses(logp, old, logp, adv, _c())
   np.testing.assert_allclose(loss[0], [-1.2, -1.2, -0.75, -0.85], rtol=1e-6)
   np.testing.assert_array_equal(clipped[0], [True, True, False, False])
@@ -176,6 +185,21 @@ def test_defaults_are_grpo_and_bad_settings_are_refused(tiny_config):
       grpo.check_config(bad, tiny_config.format.response_len)
 
 
+def test_k1_in_the_loss_is_refused_in_every_grpo_block(tiny_config):
+  """k1's gradient in the loss is ∇ log π, zero in expectation over π's samples: with β > 0 each
+  GRPO block refuses it in one line naming its keys; k1 in the reward, or with β 0, passes."""
+  for task in ("grpo", "dapo", "gspo", "dr_grpo"):
+    bad = ml_collections.ConfigDict(tiny_config[task].to_dict())
+    bad.update(kl_estimator="k1", kl_in="loss", beta=0.04)
+    with pytest.raises(ConfigError, match=f"{task}.kl_estimator='k1' with {task}.kl_in='loss' "
+                                          f"has a zero gradient in expectation"):
+      grpo.check_config(bad, tiny_config.format.response_len, task)
+    for ok in (dict(kl_in="reward"), dict(beta=0.0)):
+      fine = ml_collections.ConfigDict(bad.to_dict())
+      fine.update(ok)
+      grpo.check_config(fine, tiny_config.format.response_len, task)
+
+
 def test_the_papers_blocks_pass_their_checks(tiny_config):
   """task=dapo and task=gspo: the grpo block under DAPO's and GSPO's settings, refill included."""
   d, g = tiny_config.dapo, tiny_config.gspo
@@ -289,28 +313,37 @@ def test_informative_groups_of_a_sampled_batch(tiny_config, models):
   np.testing.assert_array_equal(fn(moved, ref, rm, _batch()), [True, True])
 
 
-def test_the_defaults_are_grpos_program(tiny_config):
-  """The tiny config's grpo block, the new keys at their defaults, lowers to the very program of
-  the block without them (the step as it was): DAPO and GSPO off change nothing."""
-  cfg = ModelConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
-                    max_len=12)
-  ref = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
-  rm = {"backbone": ref, "head": jax.eval_shape(lambda: heads.init_scalar_head(
-      jax.random.key(0), 16))}
-  batch = {"prompt": jax.ShapeDtypeStruct((8, 3), jnp.int32),
-           "prompt_mask": jax.ShapeDtypeStruct((8, 3), jnp.bool_),
-           "response": jax.ShapeDtypeStruct((8, 4), jnp.int32),
-           "response_mask": jax.ShapeDtypeStruct((8, 4), jnp.bool_)}
-  tx = optax.adam(1e-2)
-  state = jax.eval_shape(lambda: TrainState.create({"policy": ref}, tx))
-  key = jax.eval_shape(lambda: jax.random.key(1))
-  block = tiny_config.grpo.to_dict()
-  without = {k: v for k, v in block.items() if k not in NEW_KEYS}
+def test_every_grpo_block_holds_every_knob(tiny_config):
+  """No knob has a default in code: each of the four GRPO blocks holds every one the step reads
+  (the same keys as grpo's), and a block without one is refused in one line naming it."""
+  for task in ("grpo", "dapo", "gspo", "dr_grpo"):
+    assert set(tiny_config[task]) == set(tiny_config.grpo), task
+    assert set(grpo.KNOBS) <= set(tiny_config[task]), task
+  for key in NEW_KEYS:
+    block = {k: v for k, v in tiny_config.dapo.to_dict().items() if k != key}
+    with pytest.raises(ConfigError, match=f"dapo has no {key}: every GRPO block"):
+      grpo.check_config(ml_collections.ConfigDict(block), tiny_config.format.response_len, "dapo")
 
-  def program(c):
-    fn = functools.partial(grpo.train_step, cfg=cfg, c=ml_collections.ConfigDict(c), tx=tx,
-                           eos_id=1)
-    return jax.jit(fn).lower(state, ref, rm, batch, key).as_text()
 
-  assert program(block) == program(without)
-  assert program(block) != program(dict(block, cliprange_high=0.28))
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")  # config_flags' loader.
+def test_grpo_overrides_change_the_grpo_block_alone():
+  """--config.grpo.X is GRPO's alone: dapo, gspo and dr_grpo are blocks of their own (copies of
+  grpo's values made by the config file), each overridden by its own key."""
+  argv = ["rlhfjax", f"--config={ROOT}/configs/tldr_sim.py", "--config.grpo.lr=1e-4",
+          "--config.grpo.steps=7", "--config.dapo.lr=2e-4"]  # As main.py parses them.
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True,
+                                  sys_argv=argv)
+  fv(argv)
+  c, default = fv.config, load_config(arg=None)
+  assert (c.grpo.lr, c.grpo.steps, c.dapo.lr) == (1e-4, 7, 2e-4)
+  for task in ("gspo", "dr_grpo"):
+    assert c[task].lr == default[task].lr == 3e-4, task
+  for task in ("dapo", "gspo", "dr_grpo"):
+    assert c[task].steps == default[task].steps == 60, task
+    assert c[task].to_dict() == dict(default[task].to_dict(), lr=c[task].lr), task
+  # The tiny config shrinks every block alike.
+  tiny = load_config()
+  for task in ("dapo", "gspo", "dr_grpo"):
+    for key in ("steps", "rollout_batch", "k", "minibatch_size", "eval_every", "eval_examples"):
+      assert tiny[task][key] == tiny.grpo[key], (task, key)

@@ -7,6 +7,7 @@ import shutil
 from unittest import mock
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,6 +17,9 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
 from rlhfjax import main
+from rlhfjax.parallel import rollout
+from rlhfjax.rollout import engine
+from rlhfjax.rollout import heldout
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
@@ -286,6 +290,54 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   lines = leaderboard.curves(experiment.prepare(changed, workdir))
   assert list(lines) == ["RLOO (β=0.05)", "GRPO (β=0.04)", "DAPO (β=0.0)", "GSPO (β=0.0)",
                          "REINFORCE++ (β=0.01)", "online DPO (β=0.1)"]
+
+
+def test_a_dapo_iteration_copies_the_policy_once_for_all_its_draws(tiny_pipeline, tmp_path,
+                                                                   monkeypatch):
+  """DAPO's refill samples up to max_num_gen_batches batches in an iteration, all from the same
+  weights: the policy goes into the rollout layout once per iteration, not once per draw. No group
+  counts as informative here, so the iteration makes all 3 draws. The rollout layout is made
+  another than the trainer's (as on an accelerator: bf16, tensor parallel) by a reshard that
+  copies whatever is not already its own copy, counting the copies."""
+  config, _ = tiny_pipeline
+  workdir = _online_workdir(tiny_pipeline, tmp_path, "copies")
+  changed = config.copy_and_resolve_references()
+  changed.stages = "dapo"
+  changed.dapo.update(steps=1, max_num_gen_batches=3)
+  monkeypatch.setattr(grpo, "informative", lambda state, ref, reward, batch, *, cfg, c, eos_id:
+                      jnp.zeros(batch["prompt"].shape[0] // c.k, bool))
+  copies, made = [0], {}  # The copies' leaves by id, kept alive so that no id is reused.
+
+  def reshard(params, *args):
+    if all(id(x) in made for x in jax.tree.leaves(params)):
+      return params  # Already in the layout: no copy.
+    copies[0] += 1
+    out = jax.tree.map(jnp.copy, params)
+    made.update({id(x): x for x in jax.tree.leaves(out)})
+    return out
+  monkeypatch.setattr(rollout, "reshard", reshard)
+  # The iteration runs between the held-out points of steps 0 and 1: after each of its draws, the
+  # copies made since the first point.
+  points, after_first, per_draw = [], [0], []
+  real_curve_point, real_sample_batch = heldout.curve_point, engine.sample_batch
+
+  def curve_point(*args, **kw):
+    points.append("started")
+    out = real_curve_point(*args, **kw)
+    points[-1], after_first[0] = "done", (copies[0] if len(points) == 1 else after_first[0])
+    return out
+
+  def sample_batch(*args, **kw):
+    out = real_sample_batch(*args, **kw)
+    if points == ["done"]:
+      per_draw.append(copies[0] - after_first[0])
+    return out
+  monkeypatch.setattr(heldout, "curve_point", curve_point)
+  monkeypatch.setattr(engine, "sample_batch", sample_batch)
+  main.run(changed, workdir)
+  logged = metrics_lib.read_jsonl(f"{workdir}/dapo/metrics.jsonl")
+  assert logged[1]["dynamic_sampling/gen_batches"] == 3.0
+  assert per_draw == [1, 1, 1]
 
 
 def test_online_resume_equals_uninterrupted(tiny_pipeline, tmp_path):

@@ -142,6 +142,21 @@ def test_token_logprobs_match_logits(model):
   assert np.all(np.asarray(ent)[0] > 0)
 
 
+def test_lm_head_logits_are_float32_under_bfloat16(model):
+  """Under a bf16 compute dtype the LM head (tied embedding: gpt2; a head of its own: llama)
+  multiplies bf16 hidden states and weights into float32 logits: a float32 head over the same bf16
+  inputs, not those logits rounded to bf16's grid afterwards."""
+  cfg, params = model
+  hidden = (4.0 * jax.random.normal(jax.random.key(5), (2, 3, cfg.d_model))).astype(jnp.bfloat16)
+  logits = transformer.lm_logits(params, hidden, cfg.replace(dtype="bfloat16"))
+  assert logits.dtype == jnp.float32
+  w = params["embed"]["embedding"].T if cfg.tie_embeddings else params["lm_head"]["kernel"]
+  want = np.asarray(hidden, np.float32) @ np.asarray(w.astype(jnp.bfloat16), np.float32)
+  np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-6)
+  on_grid = np.asarray(logits.astype(jnp.bfloat16).astype(jnp.float32))
+  assert (np.asarray(logits) != on_grid).mean() > 0.5
+
+
 def test_dropout_only_with_rng():
   cfg = CONFIGS["gpt2"].replace(dropout=0.5)
   params = transformer.init(jax.random.key(0), cfg)

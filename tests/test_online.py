@@ -99,7 +99,9 @@ def test_grpo_loss_aggregation():
 
 
 def test_grpo_token_loss_with_kl_in_the_loss():
-  c = ml_collections.ConfigDict(dict(cliprange=0.2, beta=0.1, kl_estimator="k3", kl_in="loss"))
+  c = ml_collections.ConfigDict(dict(cliprange=0.2, cliprange_high=0.2, beta=0.1,
+                                     kl_estimator="k3", kl_in="loss",
+                                     importance_sampling_level="token"))
   logp = jnp.log(jnp.array([[0.5, 0.5]]))
   old = jnp.log(jnp.array([[0.5, 0.25]]))  # ratios 1 and 2 (the second clipped to 1.2 for A > 0).
   ref = jnp.log(jnp.array([[0.25, 0.5]]))  # k3: log 2 − 0.5, then 0.
@@ -147,7 +149,9 @@ CONFIGS = {
     "rloo": (rloo, dict(k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=4,
                         normalize_advantages=False), "loss/policy_avg"),
     "grpo": (grpo, dict(k=4, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
-                        scale_rewards="group", loss_type="grpo", epochs=1, minibatch_size=8),
+                        cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=1,
+                        minibatch_size=8, overlong_buffer=0, dynamic_sampling=False,
+                        importance_sampling_level="token"),
              "loss/policy"),
     "online_dpo": (online_dpo, dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0),
                    "loss/dpo"),

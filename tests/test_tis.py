@@ -87,7 +87,9 @@ def test_grpo_token_loss_by_hand():
   # On-policy (ρ = 1), A = 2: −surrogate = −2 on every token. TIS × (2, 0.8, 0.5): −4, −1.6, −1.
   # β KL (β 0.1; k3 with π_ref 0.4 against π 0.8 on the first token: log 2 − 0.5) is added
   # after, unweighted. 'grpo' aggregation: the sequence's token mean.
-  c = ml_collections.ConfigDict(dict(cliprange=0.2, beta=0.1, kl_estimator="k3", kl_in="loss"))
+  c = ml_collections.ConfigDict(dict(cliprange=0.2, cliprange_high=0.2, beta=0.1,
+                                     kl_estimator="k3", kl_in="loss",
+                                     importance_sampling_level="token"))
   ref = OLD.at[0, 0].set(math.log(0.4))
   adv = jnp.array([2.0])
   kl = 0.1 * (math.log(2) - 0.5)
@@ -138,7 +140,9 @@ METHODS = {
                       penalize_no_eos=True, no_eos_score=-1.0, epochs=1, minibatch_size=4)),
     "rloo": (rloo, dict(ONLINE, kl_coef=0.05, normalize_advantages=False)),
     "grpo": (grpo, dict(ONLINE, beta=0.04, kl_estimator="k3", kl_in="loss",
-                        scale_rewards="group", loss_type="grpo")),
+                        scale_rewards="group", loss_type="grpo", cliprange_high=0.2,
+                        overlong_buffer=0, dynamic_sampling=False,
+                        importance_sampling_level="token")),
     "reinforce_pp": (reinforce_pp, dict(ONLINE, advantage_estimator="reinforce_pp_baseline",
                                         kl_coef=0.01, gamma=1.0)),
 }
@@ -195,3 +199,22 @@ def test_with_tis_off_the_sampler_logprobs_change_no_update(tiny, name):
   assert set(off) - set(plain) == set(GAP) and set(plain) <= set(off)
   with pytest.raises(ConfigError, match=f"{name}.truncated_is"):
     jax.eval_shape(step(True), state, ref, rm, batch, key)
+
+
+def test_the_grpo_blocks_name_their_own_tis_key(tiny_config, tiny, monkeypatch):
+  """task=dapo, gspo and dr_grpo run the GRPO step under their own blocks: a batch without the
+  sampler's log-probs stops with the key of the block the run reads (dapo.truncated_is, ...), not
+  grpo's. The step as grpo.run hands it to the loop, traced, not run."""
+  ref, rm, batch, _ = tiny
+  tx = optax.adam(1e-2)
+  state = jax.eval_shape(lambda: TrainState.create({"policy": ref}, tx))
+  key = jax.eval_shape(lambda: jax.random.key(1))
+  steps = {}
+  monkeypatch.setattr(online, "run_policy",
+                      lambda config, workdir, task, step, *a, **kw: steps.setdefault(task, step))
+  for task in ("grpo", "dapo", "gspo", "dr_grpo"):
+    tiny_config[task].truncated_is = True
+    grpo.run(tiny_config, "unused", task)
+    step = functools.partial(steps[task], cfg=CFG, c=tiny_config[task], tx=tx, eos_id=EOS)
+    with pytest.raises(ConfigError, match=rf"^{task}\.truncated_is needs the sampler's log-probs"):
+      jax.eval_shape(step, state, ref, rm, batch, key)

@@ -11,9 +11,10 @@ per-token loss is the clipped surrogate minus the KL penalty in the loss,
   ℓ_t = −[min(ρ_t A_i, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_i) − β KL_t],
   ρ_t = π_θ(y_t) / π_old(y_t),  ε_low = `cliprange`, ε_high = `cliprange_high` (= ε_low: GRPO),
 
-with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0; `kl_estimator='k1'`
-uses log π_θ − log π_ref). `kl_in='reward'` instead subtracts β Σ_t KL_t from r_i before the group
-normalisation, as PPO and RLOO do. How the token losses become one number is what GRPO's follow-ups
+with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0). `kl_in='reward'`
+instead subtracts β Σ_t KL_t from r_i before the group normalisation, as PPO and RLOO do, where
+`kl_estimator='k1'` (log π_θ − log π_ref) may serve too; in the loss k1 is refused, its gradient
+∇ log π_θ being zero in expectation over π_θ's samples. How the token losses become one number is what GRPO's follow-ups
 argue about (`loss_type`):
 
   'grpo'    (Shao et al.)  mean over sequences of each sequence's token mean;
@@ -33,12 +34,14 @@ reward falls linearly over the last L_cache tokens before response_len); dynamic
 `max_num_gen_batches` > 1 the loop samples other prompts in their place, `online.Refill`).
 GSPO (Zheng et al. 2025): `importance_sampling_level='sequence'` takes one ratio per response,
 the geometric mean of its token ratios, clipped as a whole; 'sequence_token' (GSPO-token) has its
-value and a gradient per token. task=dapo and task=gspo run this step under the `dapo` and `gspo`
-blocks, which hold the papers' settings; docs/grpo_variants.md gives the formulas.
+value and a gradient per token. task=dapo, task=gspo and task=dr_grpo run this step under the
+`dapo`, `gspo` and `dr_grpo` blocks, which hold the papers' settings; each block is complete and
+independent of `grpo`'s (configs/tldr_sim.py); docs/grpo_variants.md gives the formulas.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -61,18 +64,11 @@ KL_IN = ("loss", "reward")
 IS_LEVELS = ("token", "sequence", "sequence_token")
 STD_EPS = 1e-4
 ZERO_STD = 1e-6  # A group whose rewards spread less than this carries no gradient.
-# The DAPO and GSPO settings off: GRPO as before. A block without them (written before they
-# existed) reads these; `cliprange_high` defaults to `cliprange`, a symmetric clip.
-VARIANT_DEFAULTS = {"importance_sampling_level": "token", "overlong_buffer": 0,
-                    "overlong_penalty_factor": 1.0, "dynamic_sampling": False,
-                    "max_num_gen_batches": 1}
-
-
-def knob(c: Any, name: str) -> Any:
-  """A DAPO/GSPO setting of the block `c`, or its default (GRPO's behaviour) where `c` has none."""
-  if name == "cliprange_high":
-    return c.get(name, c.cliprange)
-  return c.get(name, VARIANT_DEFAULTS[name])
+# The knobs the step reads of its block, beside the online loop's: every GRPO block (grpo, dapo,
+# gspo, dr_grpo) holds each of them, with no default in code (configs/tldr_sim.py).
+KNOBS = ("k", "beta", "kl_estimator", "kl_in", "cliprange", "cliprange_high", "scale_rewards",
+         "loss_type", "epochs", "minibatch_size", "overlong_buffer", "overlong_penalty_factor",
+         "dynamic_sampling", "max_num_gen_batches", "importance_sampling_level")
 
 
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
@@ -111,12 +107,12 @@ def length_shaping(batch: pipeline.Batch, eos_id: sampling.EosIds, c: Any) -> ja
   `penalize_no_eos` a response without eos (cut off at response_len: DAPO's |y| > L_max) already
   scores `no_eos_score` in place of its reward, and gets no penalty on top; without the rule it
   gets the full −`overlong_penalty_factor`."""
-  buffer = knob(c, "overlong_buffer")
+  buffer = c.overlong_buffer
   if buffer <= 0:
     return None
   mask = batch["response_mask"]
   penalty = overlong_penalty(mask.astype(jnp.float32).sum(-1), mask.shape[1], buffer,
-                             knob(c, "overlong_penalty_factor"))
+                             c.overlong_penalty_factor)
   if c.penalize_no_eos:
     penalty = jnp.where(sampling.is_eos(batch["response"], eos_id).any(-1), penalty, 0.0)
   return penalty
@@ -174,10 +170,10 @@ def token_losses(logp: jax.Array, old_logp: jax.Array, ref_logp: jax.Array, adv:
   of `importance_sampling_level` (the sequence levels need the response `mask`) clipped to
   [1 − cliprange, 1 + cliprange_high]. TIS `weights` [B, R] (online.tis_weights) multiply the
   clipped surrogate term, not the KL term, as in TRL."""
-  ratio = importance_ratio(logp, old_logp, mask, knob(c, "importance_sampling_level"))
+  ratio = importance_ratio(logp, old_logp, mask, c.importance_sampling_level)
   a = adv[:, None]
   surrogate = jnp.minimum(ratio * a, jnp.clip(ratio, 1.0 - c.cliprange,
-                                              1.0 + knob(c, "cliprange_high")) * a)
+                                              1.0 + c.cliprange_high) * a)
   kl = kl_estimate(logp, ref_logp, c.kl_estimator)
   pg = -surrogate if weights is None else -surrogate * weights
   loss = pg + (c.beta * kl if c.kl_in == "loss" else 0.0)
@@ -221,22 +217,24 @@ def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: p
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
                rng: jax.Array, *, cfg: ModelConfig, c: Any, tx: optax.GradientTransformation,
-               eos_id: sampling.EosIds) -> tuple[TrainState, dict[str, jax.Array]]:
+               eos_id: sampling.EosIds, task: str = "grpo"
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
   """Experience (log-probs, scores, group-normalised advantages) and `c.epochs` of minibatch
-  updates for one batch of `c.k` samples per prompt."""
+  updates for one batch of `c.k` samples per prompt, under the block of `task` (grpo, dapo, gspo,
+  dr_grpo: the name its errors give)."""
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   rewards, variant_stats = shaped_rewards(e, batch, c, eos_id)
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
   data = {**batch, "old_logprobs": e["logprobs"], "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
-  if knob(c, "dynamic_sampling"):
+  if c.dynamic_sampling:
     kept = informative_groups(group_std)
     data["rows"] = jnp.repeat(kept.astype(jnp.float32), c.k)
     variant_stats.update({
         "dynamic_sampling/dropped_groups": (~kept).sum().astype(jnp.float32),
         "dynamic_sampling/kept_fraction": kept.astype(jnp.float32).mean()})
-  weights = online.tis_weights(e["logprobs"], batch, c, "grpo")
+  weights = online.tis_weights(e["logprobs"], batch, c, task)
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -262,8 +260,12 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
 
 
 def check_config(c: Any, response_len: int | None = None, task: str = "grpo") -> None:
-  """Clear errors for the settings of the GRPO block `task` (grpo, dapo, gspo) that cannot work
-  (`response_len`: the format's, which the overlong buffer must fit in)."""
+  """Clear errors for the settings of the GRPO block `task` (grpo, dapo, gspo, dr_grpo) that cannot
+  work (`response_len`: the format's, which the overlong buffer must fit in)."""
+  missing = [key for key in KNOBS if key not in c]
+  if missing:
+    raise ConfigError(f"{task} has no {', '.join(missing)}: every GRPO block (grpo, dapo, gspo, "
+                      f"dr_grpo) holds each of its knobs (configs/tldr_sim.py)")
   if c.loss_type == "dapo":
     raise ConfigError(f"{task}.loss_type 'dapo' (TRL's name) is 'bnpo' here: the token mean over "
                       "each minibatch; DAPO's other parts are their own knobs (cliprange_high, "
@@ -273,35 +275,40 @@ def check_config(c: Any, response_len: int | None = None, task: str = "grpo") ->
                        ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
     if c[key] not in allowed:
       raise ConfigError(f"{task}.{key} must be one of {allowed}, got {c[key]!r}")
-  level = knob(c, "importance_sampling_level")
+  if c.kl_estimator == "k1" and c.kl_in == "loss" and c.beta > 0:
+    # ∇(log π − log π_ref) = ∇ log π, and E_π[∇ log π] = 0: the penalty would pull nowhere.
+    raise ConfigError(f"{task}.kl_estimator='k1' with {task}.kl_in='loss' has a zero gradient in "
+                      f"expectation (β {c.beta} pulls nothing towards the reference): use "
+                      f"{task}.kl_estimator='k3' in the loss, or {task}.kl_in='reward' for k1")
+  level = c.importance_sampling_level
   if level not in IS_LEVELS:
     raise ConfigError(f"{task}.importance_sampling_level must be one of {IS_LEVELS}, got {level!r}")
-  if not knob(c, "cliprange_high") > 0:
-    raise ConfigError(f"{task}.cliprange_high must be > 0, got {knob(c, 'cliprange_high')!r}")
-  buffer, most = knob(c, "overlong_buffer"), response_len
+  if not c.cliprange_high > 0:
+    raise ConfigError(f"{task}.cliprange_high must be > 0, got {c.cliprange_high!r}")
+  buffer, most = c.overlong_buffer, response_len
   if buffer < 0 or (most is not None and buffer > most):
     within = ">= 0" if most is None else f"in [0, format.response_len ({most})]"
     raise ConfigError(f"{task}.overlong_buffer must be {within}, got {buffer!r}")
-  if not knob(c, "overlong_penalty_factor") >= 0:
+  if not c.overlong_penalty_factor >= 0:
     raise ConfigError(f"{task}.overlong_penalty_factor must be >= 0, got "
-                      f"{knob(c, 'overlong_penalty_factor')!r}")
-  draws = knob(c, "max_num_gen_batches")
+                      f"{c.overlong_penalty_factor!r}")
+  draws = c.max_num_gen_batches
   if not (isinstance(draws, int) and draws >= 1):
     raise ConfigError(f"{task}.max_num_gen_batches must be an integer >= 1 (1: no refill), got "
                       f"{draws!r}")
-  if draws > 1 and not knob(c, "dynamic_sampling"):
+  if draws > 1 and not c.dynamic_sampling:
     raise ConfigError(f"{task}.max_num_gen_batches ({draws}) refills the groups that dynamic "
                       f"sampling drops: set {task}.dynamic_sampling=True or leave it at 1")
   online.check_sampling(task, c, c.k, "advantages are relative to the group")
 
 
 def run(config, workdir: str, task: str = "grpo") -> TrainState:
-  """Trains (or resumes) the GRPO block `task` in `<workdir>/<task>`: grpo, or dapo and gspo (the
-  same step under their papers' settings), refilling dropped groups where `max_num_gen_batches`
-  allows more than one draw."""
+  """Trains (or resumes) the GRPO block `task` in `<workdir>/<task>`: grpo, or dapo, gspo and
+  dr_grpo (the same step under their papers' settings, each block read alone), refilling dropped
+  groups where `max_num_gen_batches` allows more than one draw."""
   c = config[task]
   check_config(c, config.format.response_len, task)
-  draws = knob(c, "max_num_gen_batches")
+  draws = c.max_num_gen_batches
   refill = online.Refill(informative, draws) if draws > 1 else None
-  return online.run_policy(config, workdir, task, train_step, c.k,
+  return online.run_policy(config, workdir, task, functools.partial(train_step, task=task), c.k,
                            online.minibatch_updates_per_step(c), refill=refill)

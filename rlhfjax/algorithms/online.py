@@ -315,29 +315,29 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   start = int(state.step)
   timing = {"generate": 0.0, "total": 0.0, "episodes": 0}
 
-  def draw(state, step, k_sample, j):
-    """Draw j of iteration `step`: its prompts' indices and `k` samples of each (with the reward
-    functions' values, when there are any)."""
+  def draw(sampler, step, k_sample, j):
+    """Draw j of iteration `step` from `sampler` (the policy in the rollout layout): its prompts'
+    indices and `k` samples of each (with the reward functions' values, when there are any)."""
     idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step, stream=j)
     rng = k_sample if j == 0 else jax.random.fold_in(k_sample, j)
     timing["episodes"] += c.rollout_batch
-    batch = engine.sample_batch(state.params["policy"], exp.parallel.put_batch(prompts, idx), rng,
-                                exp, c.temperature, k=k)
+    batch = engine.sample_batch(sampler, exp.parallel.put_batch(prompts, idx), rng, exp,
+                                c.temperature, k=k)
     values = {}
     if functions:
       batch, values = engine.add_function_rewards(exp, functions, batch,
                                                   [examples[i] for i in idx for _ in range(k)])
     return idx, batch, values
 
-  def refilled(state, step, k_sample, first, rows):
+  def refilled(state, sampler, step, k_sample, first, rows):
     """The batch of `rollout_batch / k` groups, those that carry a gradient first, from as few
-    draws as `refill` needs (at most `max_draws`), its examples (`rows` of the first draw alone)
-    and its reward functions' values; with its metrics."""
+    draws as `refill` needs (at most `max_draws`, each from `sampler`), its examples (`rows` of
+    the first draw alone) and its reward functions' values; with its metrics."""
     draws = [first]
     kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
     groups = c.rollout_batch // k
     while sum(int(x.sum()) for x in kept) < groups and len(draws) < refill.max_draws:
-      draws.append(draw(state, step, k_sample, len(draws)))
+      draws.append(draw(sampler, step, k_sample, len(draws)))
       kept.append(to_host(refill.informative(state, ref_params, reward_params, draws[-1][1])))
     order = refill_order(kept, groups) if len(draws) > 1 else None
     m = {"dynamic_sampling/gen_batches": float(len(draws)),
@@ -359,12 +359,16 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   def one_step(state, step):
     t0 = time.perf_counter()
     k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    idx, batch, values = draw(state, step, k_sample, 0)
+    # The policy in the rollout layout, copied once for every draw of the iteration (the params
+    # do not change between them) and dropped before the step.
+    sampler = engine.rollout_params(exp, state.params["policy"], c.rollout_batch)
+    idx, batch, values = draw(sampler, step, k_sample, 0)
     rows = [examples[i] for i in idx for _ in range(k)]
     refill_stats = {}
     if refill is not None:
-      batch, rows, values, refill_stats = refilled(state, step, k_sample, (idx, batch, values),
-                                                   rows)
+      batch, rows, values, refill_stats = refilled(state, sampler, step, k_sample,
+                                                   (idx, batch, values), rows)
+    del sampler
     # Decoded once, for the annotators, the gold reward and the completions' log alike.
     texts = (engine.decode(exp, batch["response"]) if annotate or with_gold or functions
              else None)

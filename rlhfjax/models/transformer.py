@@ -496,12 +496,15 @@ def checkpointed(block: Callable, cfg: ModelConfig) -> Callable:
 
 def lm_logits(params: Params, hidden: jax.Array, cfg: ModelConfig) -> jax.Array:
   """Next-token logits in float32, through the tied embedding or a separate head, soft-capped
-  (cap * tanh(logits / cap), in float32) when `cfg.final_softcap` is set."""
+  (cap * tanh(logits / cap), in float32) when `cfg.final_softcap` is set. Under a bf16 compute
+  dtype the head multiplies the bf16 hidden states and weights with float32 results
+  (`preferred_element_type`), so log-probs, ratios and KL are not rounded to bf16's grid (a step
+  of 0.0625 between logits 8 and 16); float32 models compute as before."""
   if cfg.tie_embeddings:
     w = params["embed"]["embedding"].astype(hidden.dtype).T
   else:
     w = params["lm_head"]["kernel"].astype(hidden.dtype)
-  logits = (hidden @ w).astype(jnp.float32)
+  logits = jnp.matmul(hidden, w, preferred_element_type=jnp.float32)
   if cfg.final_softcap:
     logits = cfg.final_softcap * jnp.tanh(logits / cfg.final_softcap)
   return logits
