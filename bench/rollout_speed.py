@@ -28,11 +28,11 @@ import numpy as np
 
 from rlhfjax import config_file
 from rlhfjax import runtime
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.models import transformer
 from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from throughput import matmul_peak
 
 SETTINGS = {"full length, every slot": dict(early_stop=False, cache_block=0),
@@ -55,7 +55,7 @@ def main() -> None:
   workdir = args.workdir or os.path.join("/tmp", "rlhfjax-rollout-bench")
   exp = experiment.prepare(config, workdir)
   trained = bool(args.workdir)
-  params = (sft.load_policy(exp) if trained
+  params = (loaders.load_policy(exp) if trained
             else transformer.init(jax.random.key(0), exp.model))
   c, fmt = config.ppo, config.format
   examples = exp.splits["unlabeled"]

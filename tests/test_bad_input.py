@@ -163,8 +163,8 @@ def test_full_disk_then_rerun_with_space(earlier, tmp_path):
 def test_a_malformed_comparison_is_reported_once_with_what_was_kept(tmp_path, capsys):
   """The file's count (read, kept, left out) on one line, each malformed record once, and a second
   read of the same file (task=rm's report) says nothing again."""
-  from rlhfjax.algorithms import reward_model
   from rlhfjax.data import records
+  from rlhfjax.training import loaders
   path = str(tmp_path / "c.jsonl")
   one = records.Comparison(prompt="post", response_a="x", response_b="y", choice=0, id="p1")
   records.write(path, [one] * 10 + [records.Comparison(prompt="post", response_a="x",
@@ -173,11 +173,11 @@ def test_a_malformed_comparison_is_reported_once_with_what_was_kept(tmp_path, ca
                 "openai")
   with open(path, "a", encoding="utf-8") as f:
     f.write('{"bad": 1}\n')
-  assert len(reward_model.load_comparisons(path, "openai", "rm.train_file")) == 10
+  assert len(loaders.load_comparisons(path, "openai", "rm.train_file")) == 10
   out = capsys.readouterr().out.splitlines()
   assert out[0] == f"{path}: read 12 records, kept 10 (1 malformed, 1 ties left out)"
   assert len([line for line in out if "malformed:" in line and f"{path}:12:" in line]) == 1
-  assert len(reward_model.load_comparisons(path, "openai", report=False)) == 10
+  assert len(loaders.load_comparisons(path, "openai", report=False)) == 10
   assert capsys.readouterr().out == ""
 
 

@@ -13,7 +13,9 @@ from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reward_model
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import hf_checkpoint
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 
 def _export(config, workdir, model):
@@ -47,7 +49,7 @@ def test_export_reward_model_keeps_scores_and_offset(tiny_pipeline):
   config, workdir = tiny_pipeline
   directory = _export(config, workdir, "rm")
   exp = experiment.prepare(config, workdir)
-  want, meta = reward_model.load(exp)
+  want, meta = loaders.load_reward_model(exp)
   params, _ = hf_checkpoint.load(directory, reward=True)
   _assert_trees_equal(params, jax.tree.map(np.asarray, want))
   with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
@@ -62,8 +64,8 @@ def test_export_reward_model_keeps_scores_and_offset(tiny_pipeline):
   assert meta["normalization"]["mean"] != 0.0
   examples = exp.splits["test"][:4]
   texts = [e.reference for e in examples]
-  np.testing.assert_array_equal(reward_model.score_texts(params, exp, examples, texts),
-                                reward_model.score_texts(want, exp, examples, texts))
+  np.testing.assert_array_equal(rewards.score_texts(params, exp, examples, texts),
+                                rewards.score_texts(want, exp, examples, texts))
 
 
 def test_export_refuses_unknown_model(tiny_pipeline):

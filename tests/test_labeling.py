@@ -478,7 +478,7 @@ def test_labelers_who_fail_gold_pairs_are_left_out_of_the_export(tmp_path):
 def test_load_export_and_reward_model_files(tiny_pipeline, tmp_path):
   """task=label_load from two methods' outputs, the protocol kept, and the export's ties left out
   of what task=rm reads."""
-  from rlhfjax.algorithms import reward_model
+  from rlhfjax.training import loaders
   config, workdir = tiny_pipeline
   config = load_config("labeling", "tiny")
   config.labeling.db = str(tmp_path / "labels.db")
@@ -504,7 +504,7 @@ def test_load_export_and_reward_model_files(tiny_pipeline, tmp_path):
            records.read_strict(paths["valid"], "openai"))
   assert sorted(c.tie for c in comps) == [False, False, True]
   kept = [c for split in ("train", "valid") if paths["decisive"][split]
-          for c in reward_model.load_comparisons(paths[split], "openai")]
+          for c in loaders.load_comparisons(paths[split], "openai")]
   assert len(kept) == 2 and all(c.policy_a == "sft" and c.policy_b == "ppo" for c in kept)
 
 

@@ -157,8 +157,8 @@ def test_eval_names_a_missing_method(tiny_pipeline, tmp_path):
 
 def test_feedme_and_reward_conditioning(tiny_pipeline):
   from rlhfjax.algorithms import reward_conditioning
-  from rlhfjax.algorithms import reward_model
   from rlhfjax.data import records
+  from rlhfjax.training import loaders
   config, workdir = tiny_pipeline
   changed = config.copy_and_resolve_references()
   changed.stages = "feedme,reward_conditioning"
@@ -168,7 +168,7 @@ def test_feedme_and_reward_conditioning(tiny_pipeline):
       assert len(json.load(f)["outputs"]) == config.eval.num_examples
   # Reward conditioning trains on chosen after the positive code and rejected after the negative.
   exp = experiment.prepare(config, workdir)
-  comps = reward_model.load_comparisons(f"{workdir}/label/train.jsonl", "openai")[:3]
+  comps = loaders.load_comparisons(f"{workdir}/label/train.jsonl", "openai")[:3]
   data = reward_conditioning.conditioned_data(exp, comps, "Quality: good", "Quality: bad")
   tok = exp.tokenizer
   chosen, rejected = zip(*records.preferred(comps))

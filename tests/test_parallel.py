@@ -219,19 +219,18 @@ def _max_diff(a, b) -> float:
 
 def test_two_processes_match_one_and_their_checkpoints_restore_in_one(one_and_two_processes,
                                                                       tiny_config):
-  from rlhfjax.algorithms import ppo, reward_model
+  from rlhfjax.algorithms import ppo
   from rlhfjax.training import experiment
+  from rlhfjax.training import loaders
   dirs, log = one_and_two_processes
   assert "[1] " in log and "[0] " in log  # Both processes ran (only process 0 prints reports).
   exps = {k: experiment.prepare(tiny_config, d) for k, d in dirs.items()}
   # This process (one device) restores what two processes wrote collectively.
-  rms = {k: reward_model.load(e)[0] for k, e in exps.items()}
+  rms = {k: loaders.load_reward_model(e)[0] for k, e in exps.items()}
   policies = {k: ppo.load_policy(e) for k, e in exps.items()}
   assert _max_diff(rms["A"], rms["B"]) < 1e-5
   assert _max_diff(policies["A"], policies["B"]) < 1e-5
-  sft = exps["A"]
-  from rlhfjax.algorithms import sft as sft_lib
-  assert _max_diff(sft_lib.load_policy(sft), policies["A"]) > 1e-4  # PPO moved the policy.
+  assert _max_diff(loaders.load_policy(exps["A"]), policies["A"]) > 1e-4  # PPO moved the policy.
 
 
 def test_two_processes_killed_mid_run_resume_to_the_uninterrupted_run(one_and_two_processes,

@@ -24,6 +24,8 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import heads
 from rlhfjax.models import policy
 from rlhfjax.models import transformer
+from rlhfjax.rollout import rewards
+from rlhfjax.training import loaders
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -88,22 +90,22 @@ def test_likelihood_term_adds_weight_times_mean_token_logprob():
   assert float(reward_model.score(zero, b, CFG)[0]) == pytest.approx(head_only, rel=1e-6)
 
 
-def test_init_params_with_a_zero_head_is_the_likelihood_judge():
+def test_init_reward_model_with_a_zero_head_is_the_likelihood_judge():
   """rm.head_init_scale=0 and rm.likelihood_weight=3: before training the score is 3 x the mean
   token log-probability (the head reads zero); scale 1 is Stiennon et al.'s N(0, 1/(d + 1)) head."""
   def exp(weight, scale):
     rm = ml_collections.ConfigDict(dict(likelihood_weight=weight, head_init_scale=scale))
     return types.SimpleNamespace(config=ml_collections.ConfigDict(dict(seed=0, rm=rm)), model=CFG)
 
-  judge = reward_model.init_params(exp(3.0, 0.0), PARAMS["backbone"])
+  judge = loaders.init_reward_model(exp(3.0, 0.0), PARAMS["backbone"])
   b = _batch([5, 9, 4], [12, 13, 1], 6, 5)
   hidden, _, last = policy.hidden_states(PARAMS["backbone"], b, CFG)
   mean_logp = float(policy.mean_response_logprob(PARAMS["backbone"], hidden, last, b, CFG)[0])
   assert float(reward_model.score(judge, b, CFG)[0]) == pytest.approx(3.0 * mean_logp, rel=1e-6)
-  assert set(judge) == set(reward_model.param_axes(exp(3.0, 0.0))) == {"backbone", "head",
-                                                                      "likelihood"}
-  plain = reward_model.init_params(exp(0.0, 1.0), PARAMS["backbone"])
-  assert set(plain) == set(reward_model.param_axes(exp(0.0, 1.0))) == {"backbone", "head"}
+  assert set(judge) == set(loaders.reward_model_axes(exp(3.0, 0.0))) == {"backbone", "head",
+                                                                           "likelihood"}
+  plain = loaders.init_reward_model(exp(0.0, 1.0), PARAMS["backbone"])
+  assert set(plain) == set(loaders.reward_model_axes(exp(0.0, 1.0))) == {"backbone", "head"}
   assert float(jnp.std(plain["head"]["kernel"])) == pytest.approx(1 / math.sqrt(CFG.d_model + 1),
                                                                   rel=0.5)
 
@@ -214,9 +216,9 @@ def test_saved_reward_model_is_normalised_on_references(pipeline_run):
   config, workdir, _ = pipeline_run
   from rlhfjax.training import experiment
   exp = experiment.prepare(config, workdir)
-  params, meta = reward_model.load(exp)
+  params, meta = loaders.load_reward_model(exp)
   refs = exp.splits["pref"][:config.rm.norm_examples]
-  scores = reward_model.score_texts(params, exp, refs, [e.reference for e in refs])
+  scores = rewards.score_texts(params, exp, refs, [e.reference for e in refs])
   assert abs(scores.mean()) < 1e-4
   assert meta["normalization"]["target"] == "reference" and meta["normalization"]["count"] == len(refs)
 
@@ -387,12 +389,12 @@ def test_a_small_round_of_human_labels_trains_and_names_its_source(pipeline_run,
     assert [json.loads(line)["step"] for line in f] == [1]
   from rlhfjax.training import experiment
   exp = experiment.prepare(small, work)
-  params, meta = reward_model.load(exp)
+  params, meta = loaders.load_reward_model(exp)
   assert meta["rm"]["batch_size"] == 5
 
   assert main.run(small, work)["accuracy"] == report["accuracy"]  # Reused: the same settings.
   assert "training with batch" not in capsys.readouterr().out
   shutil.rmtree(f"{work}/rm/model")  # Resumed from the final checkpoint: the same model.
   main.run(small, work)
-  again, _ = reward_model.load(exp)
+  again, _ = loaders.load_reward_model(exp)
   jax.tree.map(np.testing.assert_array_equal, params, again)

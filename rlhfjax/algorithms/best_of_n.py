@@ -17,14 +17,14 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.rollout import outputs
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics as metrics_lib
 
 
@@ -64,8 +64,8 @@ def run(config, workdir: str) -> dict[str, Any]:
   c = config.best_of_n
   if c.n < 1 or c.n & (c.n - 1):
     raise ConfigError(f"best_of_n.n must be a power of two >= 1, got {c.n}")
-  sft_params = sft.load_policy(exp)
-  reward_fn = reward_model.training_reward(exp)
+  sft_params = loaders.load_policy(exp)
+  reward_fn = rewards.training_reward(exp)
   examples = outputs.test_examples(exp)
   cands = candidates(exp, sft_params, examples, c.n, c.temperature,
                      jax.random.key(config.seed + 2), c.batch_size)

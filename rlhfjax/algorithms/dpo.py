@@ -32,8 +32,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
@@ -42,6 +40,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -143,17 +142,17 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   config, c, fmt = exp.config, exp.config[task], exp.config.format
   if c.loss_type not in LOSSES:
     raise ConfigError(f"{task}.loss_type must be one of {LOSSES}, got {c.loss_type!r}")
-  files = reward_model.comparison_files(exp)
-  comps = reward_model.load_comparisons(files["train"], config.rm.layout,
-                                        columns=reward_model.columns(exp))
+  files = loaders.comparison_files(exp)
+  comps = loaders.load_comparisons(files["train"], config.rm.layout,
+                                   columns=loaders.columns(exp))
   data = pipeline.encode_comparisons(exp.tokenizer, comps, fmt.prompt_len, fmt.response_len)
   steps = num_steps(c, task, len(comps))
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  ref_params = sft.load_policy(exp)
+  ref_params = loaders.load_policy(exp)
   par = exp.parallel
   par.check_batch(f"{task}.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = sft.policy_state(exp, tx, ref_params)
+  state, shardings = loaders.policy_state(exp, tx, ref_params)
   reference_free = c.loss_type not in REFERENCE_LOSSES
   if reference_free or exp.lora.applies_to("policy"):
     ref_params = None  # SimPO needs none; a LoRA policy's own base is its reference.
@@ -164,7 +163,7 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = {"model": dataclasses.asdict(exp.model), "files": reward_model.files_meta(exp, files),
+  meta = {"model": dataclasses.asdict(exp.model), "files": loaders.files_meta(exp, files),
           task: {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy"),
           **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
@@ -188,15 +187,15 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
 def load_policy(exp: experiment.Experiment, task: str = "dpo") -> Any:
   """The policy of the finished `task` run (dpo or simpo) in `<workdir>/<task>`, adapters
   merged."""
-  files = reward_model.comparison_files(exp)
-  pairs = len(reward_model.load_comparisons(files["train"], exp.config.rm.layout,
-                                            columns=reward_model.columns(exp)))
-  return sft.load_policy(exp, task, num_steps(exp.config[task], task, pairs))
+  files = loaders.comparison_files(exp)
+  pairs = len(loaders.load_comparisons(files["train"], exp.config.rm.layout,
+                                       columns=loaders.columns(exp)))
+  return loaders.load_policy(exp, task, num_steps(exp.config[task], task, pairs))
 
 
 def run(config, workdir: str, task: str = "dpo") -> TrainState:
   """`train`, then the policy answers the test prompts for task=eval (in `<workdir>/<task>`)."""
   exp = experiment.prepare(config, workdir)
   state = train(exp, task)
-  outputs.save_policy(exp, task, state.params, sft.load_policy(exp))
+  outputs.save_policy(exp, task, state.params, loaders.load_policy(exp))
   return state

@@ -17,11 +17,12 @@ from typing import Any
 import jax
 
 from rlhfjax.algorithms import best_of_n
-from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.rollout import outputs
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics as metrics_lib
 
 TASK = "expert_iteration"
@@ -38,7 +39,7 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
     if (stored["n"], stored.get("temperature"), stored["ids"], stored.get("reward")) == (
         c.n, c.temperature, [e.id for e in examples], exp.config.reward.to_dict()):
       return [dataclasses.replace(e, reference=t) for e, t in zip(examples, stored["winners"])]
-  reward_fn = reward_model.training_reward(exp)
+  reward_fn = rewards.training_reward(exp)
   cands = best_of_n.candidates(exp, sft_params, examples, c.n, c.temperature,
                                jax.random.key(exp.config.seed + 3), c.sample_batch_size)
   scores = best_of_n.score_candidates(reward_fn, examples, cands)
@@ -53,7 +54,7 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
 
 def run(config, workdir: str) -> Any:
   exp = experiment.prepare(config, workdir)
-  sft_params = sft.load_policy(exp)
+  sft_params = loaders.load_policy(exp)
   fmt = config.format
   data = pipeline.encode_sft(exp.tokenizer, winners(exp, sft_params), fmt.prompt_len,
                              fmt.response_len)

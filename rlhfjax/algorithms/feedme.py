@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 
 def run(config, workdir: str) -> Any:
   exp = experiment.prepare(config, workdir)
-  comps = reward_model.load_comparisons(reward_model.comparison_files(exp)["train"],
-                                        config.rm.layout, columns=reward_model.columns(exp))
+  comps = loaders.load_comparisons(loaders.comparison_files(exp)["train"],
+                                   config.rm.layout, columns=loaders.columns(exp))
   chosen = [c for c, _ in records.preferred(comps)]
   data = pipeline.encode_targets(exp.tokenizer, pipeline.posts_of(comps), chosen,
                                  config.format.prompt_len, config.format.response_len)
-  sft_params = sft.load_policy(exp)
+  sft_params = loaders.load_policy(exp)
   state = sft.train(exp, "feedme", data, sft_params)
   outputs.save_policy(exp, "feedme", state.params, sft_params)
   return state

@@ -38,8 +38,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.data import tables
@@ -50,6 +48,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -156,12 +155,12 @@ def load_feedback(exp: experiment.Experiment) -> tuple[list[records.Feedback], s
   """The training feedback `kto.feedback` names, and the file it came from."""
   c = exp.config.kto
   if c.feedback == "pairs":
-    path = reward_model.comparison_files(exp)["train"]
-    return records.unpaired(reward_model.load_comparisons(
-        path, exp.config.rm.layout, columns=reward_model.columns(exp))), path
+    path = loaders.comparison_files(exp)["train"]
+    return records.unpaired(loaders.load_comparisons(
+        path, exp.config.rm.layout, columns=loaders.columns(exp))), path
   if c.feedback == "binary":
     path = c.train_file or os.path.join(exp.workdir, "label", "binary_train.jsonl")
-    return _binary_file(path, c.get("layout", records.BINARY), reward_model.columns(exp)), path
+    return _binary_file(path, c.get("layout", records.BINARY), loaders.columns(exp)), path
   raise ConfigError(f"kto.feedback must be one of {FEEDBACK}, got {c.feedback!r}")
 
 
@@ -181,11 +180,11 @@ def train(exp: experiment.Experiment) -> TrainState:
     raise ConfigError(f"kto.batch_size ({c.batch_size}) exceeds kto.epochs x {len(feedback)} "
                       "responses")
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  ref_params = sft.load_policy(exp)
+  ref_params = loaders.load_policy(exp)
   par = exp.parallel
   par.check_batch("kto.batch_size", c.batch_size)
   tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = sft.policy_state(exp, tx, ref_params)
+  state, shardings = loaders.policy_state(exp, tx, ref_params)
   if exp.lora.applies_to("policy"):
     ref_params = None  # A LoRA policy's own base is its reference.
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
@@ -196,7 +195,7 @@ def train(exp: experiment.Experiment) -> TrainState:
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
   meta = {"model": dataclasses.asdict(exp.model),
-          "files": reward_model.files_meta(exp, {"train": path}),
+          "files": loaders.files_meta(exp, {"train": path}),
           "kto": {k: v for k, v in c.items() if k != "log_every"}, **exp.lora_meta("policy"),
           **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
@@ -223,5 +222,5 @@ def run(config, workdir: str) -> TrainState:
   """`train`, then the policy answers the test prompts for task=eval (in `<workdir>/kto`)."""
   exp = experiment.prepare(config, workdir)
   state = train(exp)
-  outputs.save_policy(exp, "kto", state.params, sft.load_policy(exp))
+  outputs.save_policy(exp, "kto", state.params, loaders.load_policy(exp))
   return state

@@ -25,8 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
@@ -37,9 +35,11 @@ from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.rollout import outputs
 from rlhfjax.rollout import reward_functions
+from rlhfjax.rollout import rewards
 from rlhfjax.simulated import gold
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -248,11 +248,11 @@ def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k:
   # Dropout off: log-probs must be exact. The step's forwards of the reference and reward model
   # run without a backward pass, where the policy's rematerialisation changes nothing.
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  ref_params = sft.load_policy(exp)
-  reward_params = (reward_model.load(exp)[0] if reward_functions.uses_model(exp.config.reward)
-                   else None)
+  ref_params = loaders.load_policy(exp)
+  reward_params = (loaders.load_reward_model(exp)[0]
+                   if reward_functions.uses_model(exp.config.reward) else None)
   reward_shardings = (None if reward_params is None else
-                      exp.parallel.shardings(reward_model.param_axes(exp), reward_params))
+                      exp.parallel.shardings(loaders.reward_model_axes(exp), reward_params))
   par = exp.parallel
   par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
   groups = min(c.rollout_batch, c.get("minibatch_size", c.rollout_batch)) // k
@@ -285,7 +285,7 @@ def run_policy(config, workdir: str, task: str, train_step: Callable, k: int,
   exp = experiment.prepare(config, workdir)
   state = train_policy(exp, task, train_step, k, updates_per_step,
                        annotate(exp) if annotate else None, refill)
-  outputs.save_policy(exp, task, state.params["policy"], sft.load_policy(exp))
+  outputs.save_policy(exp, task, state.params["policy"], loaders.load_policy(exp))
   return state
 
 
@@ -302,7 +302,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
   eval_examples = exp.splits["validation"][:c.eval_examples]
   functions = reward_functions.load(config.reward)
-  reward_fn = reward_model.reward_of_texts(exp, reward_params, functions)
+  reward_fn = rewards.reward_of_texts(exp, reward_params, functions)
   # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
   curve_temperature = outputs.kl_temperature(exp)
   key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))

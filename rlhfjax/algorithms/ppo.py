@@ -35,8 +35,6 @@ import jax.numpy as jnp
 import optax
 
 from rlhfjax.algorithms import online
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
@@ -50,6 +48,7 @@ from rlhfjax.rollout import outputs
 from rlhfjax.rollout import reward_functions
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -330,9 +329,9 @@ def train(exp: experiment.Experiment) -> PPOState:
   check_config(c)
   # Dropout off: log-probs must be exact.
   cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0) for r in ("policy", "value"))
-  ref_params = sft.load_policy(exp)
+  ref_params = loaders.load_policy(exp)
   if reward_functions.uses_model(exp.config.reward):
-    reward_params, _ = reward_model.load(exp)
+    reward_params, _ = loaders.load_reward_model(exp)
     value_source = reward_params
   else:  # Reward functions alone: the value model starts from SFT with a zero head.
     reward_params = None
@@ -354,7 +353,7 @@ def train(exp: experiment.Experiment) -> PPOState:
                                       value_cfg=value_cfg),
                     (shardings, None if ref_params is None else shardings.params["policy"],
                      None if reward_params is None else
-                     par.shardings(reward_model.param_axes(exp), reward_params), par.batch,
+                     par.shardings(loaders.reward_model_axes(exp), reward_params), par.batch,
                      par.replicated), (shardings, par.replicated), (0,))
   return online.train(exp, "ppo", state, step_fn, ref_params, reward_params, _meta(exp))
 
@@ -379,7 +378,7 @@ def _state_template(exp: experiment.Experiment) -> PPOState:
                                   param_axes(exp.model, exp.config.ppo.value_model, exp.lora),
                                   adamw(exp.config.ppo, exp.trainable("policy", "value")),
                                   policy_shape,
-                                  reward_model.model_template(exp), abstract=True)[0]
+                                  loaders.reward_model_template(exp), abstract=True)[0]
 
 
 def load_policy(exp: experiment.Experiment) -> Any:
@@ -392,5 +391,5 @@ def load_policy(exp: experiment.Experiment) -> Any:
 def run(config, workdir: str) -> PPOState:
   exp = experiment.prepare(config, workdir)
   state = train(exp)
-  outputs.save_policy(exp, "ppo", state.params["policy"], sft.load_policy(exp))
+  outputs.save_policy(exp, "ppo", state.params["policy"], loaders.load_policy(exp))
   return state

@@ -22,19 +22,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import lora
 from rlhfjax.models import policy
+from rlhfjax.models.reward import score_batch
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
 from rlhfjax.simulated import gold
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -77,12 +77,12 @@ def run(config, workdir: str) -> Any:
     raise ConfigError(f"quark.num_bins must be >= 2 and <= quark.prompts_per_round, got "
                       f"{c.num_bins} and {c.prompts_per_round}")
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  ref_params = sft.load_policy(exp)
-  reward_params, _ = reward_model.load(exp)
+  ref_params = loaders.load_policy(exp)
+  reward_params, _ = loaders.load_reward_model(exp)
   par = exp.parallel
   par.check_batch("quark.batch_size", c.batch_size)
   tx = optimizer.adamw(c, c.rounds * c.steps_per_round, exp.trainable("policy"))
-  state, shardings = sft.policy_state(exp, tx, ref_params)
+  state, shardings = loaders.policy_state(exp, tx, ref_params)
   held_ref = None if exp.lora.applies_to("policy") else ref_params  # None: the policy's base.
   step_fn = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
                     (shardings, None if held_ref is None else shardings.params, par.batch),
@@ -111,7 +111,7 @@ def run(config, workdir: str) -> Any:
     response = np.concatenate([to_host(p["response"])[:n] for p, n in parts])
     response_mask = np.concatenate([to_host(p["response_mask"])[:n] for p, n in parts])
     answers = {**pipeline.take(plain, idx), "response": response, "response_mask": response_mask}
-    scores = np.concatenate([to_host(reward_model.score_batch(reward_params, b, exp.model))[:n]
+    scores = np.concatenate([to_host(score_batch(reward_params, b, exp.model))[:n]
                              for b, n in pipeline.fixed_batches(answers, c.sample_batch_size)])
     keep = top_quantile(scores, c.num_bins)  # The pool, reset every round.
     top = idx[keep]

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import outputs
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 TASK = "reward_conditioning"
 
@@ -38,9 +38,9 @@ def run(config, workdir: str) -> Any:
   c = config[TASK]
   if not c.positive or c.positive == c.negative:
     raise ConfigError(f"{TASK}.positive and {TASK}.negative must be two different non-empty codes")
-  comps = reward_model.load_comparisons(reward_model.comparison_files(exp)["train"],
-                                        config.rm.layout, columns=reward_model.columns(exp))
-  sft_params = sft.load_policy(exp)
+  comps = loaders.load_comparisons(loaders.comparison_files(exp)["train"],
+                                   config.rm.layout, columns=loaders.columns(exp))
+  sft_params = loaders.load_policy(exp)
   state = sft.train(exp, TASK, conditioned_data(exp, comps, c.positive, c.negative), sft_params)
   outputs.save_policy(exp, TASK, state.params, sft_params, control=c.positive)
   return state

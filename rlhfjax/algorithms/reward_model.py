@@ -25,38 +25,36 @@ so that the reference summaries (or the SFT samples) of the PREF posts score mea
 normalised model is saved in `<workdir>/rm/model` with the offsets in its metadata, and every later
 stage reads rewards from it.
 
-The score itself is `models/reward.score` (rollouts and every method read it there); the report on
-what the model learned is `evaluation/rm_report.py`, which task=rm runs after this module.
+The score itself is `models/reward.score` (rollouts and every method read it there); later stages
+load the saved model with `training/loaders.load_reward_model` and score texts with
+`rollout/rewards.score_texts`. The report on what the model learned is `evaluation/rm_report.py`,
+which task=rm runs after this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
-from rlhfjax.data import tables
-from rlhfjax.errors import ConfigError, DataError
-from rlhfjax.feedback import annotators
+from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import contrast
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import heads
 from rlhfjax.models import lora
 from rlhfjax.models.reward import score, score_batch  # noqa: F401  (this module's API too)
-from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import to_host
-from rlhfjax.rollout import reward_functions
+from rlhfjax.rollout import rewards
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -108,120 +106,6 @@ def train_step(state: TrainState, batch: pipeline.Batch, *, cfg: ModelConfig,
   return state, {**{f"train/{k}": v for k, v in m.items()}, "train/grad_norm": optax.tree.norm(grads)}
 
 
-def score_texts(params, exp: experiment.Experiment, posts: Sequence[pipeline.Post | pipeline.Tldr],
-                texts: Sequence[str]) -> np.ndarray:
-  """Rewards of `texts` as summaries of `posts`, in fixed-shape batches."""
-  fmt, bs = exp.config.format, exp.config.rm.eval_batch_size
-  data = {**pipeline.encode_prompts(exp.tokenizer, posts, fmt.prompt_len),
-          **pipeline.encode_responses(exp.tokenizer, texts, fmt.response_len, posts=posts)}
-  batches = metrics_lib.progress(pipeline.fixed_batches(data, bs), -(-len(texts) // bs), "scoring",
-                                 "batch")
-  out = [to_host(score_batch(params, b, exp.model))[:n] for b, n in batches]
-  return np.concatenate(out) if out else np.zeros((0,), np.float32)
-
-
-def reward_of_texts(exp: experiment.Experiment, params: Any,
-                    functions: Sequence[reward_functions.RewardFunction]
-                    ) -> Callable[[Sequence[Any], Sequence[str]], np.ndarray]:
-  """The reward the online methods train on, as a function of (examples, texts): the reward
-  model's score times `reward.model_weight` (`params` None: no reward model) plus the reward
-  functions' weighted sum, their `completion_ids` the texts encoded again."""
-  weight = float(exp.config.reward.model_weight)
-
-  def score(examples: Sequence[Any], texts: Sequence[str]) -> np.ndarray:
-    total = np.zeros((len(texts),), np.float32)
-    if params is not None:
-      total += weight * score_texts(params, exp, examples, texts)
-    if functions:
-      ids = [exp.tokenizer.encode(t) for t in texts]
-      total += reward_functions.evaluate(functions, examples, texts, ids)[0]
-    return total
-
-  return score
-
-
-def training_reward(exp: experiment.Experiment
-                    ) -> Callable[[Sequence[Any], Sequence[str]], np.ndarray]:
-  """`reward_of_texts` of the configured reward (block `reward`): the workdir's reward model
-  unless `reward.model_weight` is 0, and `reward.functions`."""
-  params = load(exp)[0] if reward_functions.uses_model(exp.config.reward) else None
-  return reward_of_texts(exp, params, reward_functions.load(exp.config.reward))
-
-
-def comparison_files(exp: experiment.Experiment) -> dict[str, str]:
-  """The train and validation comparison files: `rm.train_file`/`rm.valid_file`, or task=label's."""
-  c = exp.config.rm
-  return {"train": c.train_file or os.path.join(exp.workdir, "label", "train.jsonl"),
-          "valid": c.valid_file or os.path.join(exp.workdir, "label", "valid.jsonl")}
-
-
-def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, str]:
-  """`files` as recorded in checkpoint metadata: relative to the workdir when inside it, so a
-  copied or moved workdir still matches its checkpoints."""
-  root = os.path.abspath(exp.workdir)
-  out = {}
-  for k, path in files.items():
-    full = os.path.abspath(path)
-    out[k] = os.path.relpath(full, root) if full.startswith(root + os.sep) else full
-  return out
-
-
-def columns(exp: experiment.Experiment) -> dict[str, str] | None:
-  """`data.columns`: TRL's field names mapped to a file's columns (layout `trl`), or None."""
-  return dict(exp.config.data.get("columns") or {}) or None
-
-
-def load_comparisons(path: str, layout: str, key: str = "", report: bool = True,
-                     columns: dict[str, str] | None = None) -> list[records.Comparison]:
-  """The usable comparisons of `path` (any file `records.read` takes: JSON Lines, JSON, Parquet,
-  Arrow; a file, a directory of shards or a glob): malformed records are skipped, ties left out,
-  and with `report` (off for a second read of the same file) one line says how many records were
-  read and kept, followed by the malformed ones (file:line or file: row N). `key` names the config
-  key that chose the file, for the error when nothing decisive is left; `columns` maps TRL's
-  names to the file's (layout `trl`)."""
-  if not os.path.exists(path) and not tables.is_pattern(path):
-    raise FileNotFoundError(f"comparisons file not found: {path} (run task=label, or set "
-                            "rm.train_file / rm.valid_file)")
-  needs = f"{key} needs at least one pair with a preferred side" if key else ""
-  comps, problems = records.read(path, layout, columns if layout == records.TRL else None)
-  if not comps:
-    first = f": {problems[0]} (and {len(problems) - 1} more; is the layout {layout!r} right?)" \
-        if problems else ": the file is empty" + (f" ({needs})" if needs else "")
-    raise DataError(f"{path} holds no comparisons{first}")
-  ties = sum(c.tie for c in comps)  # Human labels may say "neither"; Bradley–Terry needs a side.
-  if report:
-    read = len(comps) + len(problems)
-    left_out = [f"{n} {what}" for n, what in ((len(problems), "malformed"), (ties, "ties")) if n]
-    metrics_lib.info(f"{path}: read {read} records, kept {len(comps) - ties}" +
-                     (f" ({', '.join(left_out)} left out)" if left_out else ""))
-    for p in problems[:5]:
-      metrics_lib.info(f"  malformed: {p}")
-    if len(problems) > 5:
-      metrics_lib.info(f"  ... and {len(problems) - 5} more malformed records in {path}")
-  comps = [c for c in comps if not c.tie]
-  if not comps:
-    raise DataError(f"{path} holds only ties ({ties}): {needs or 'no pair has a preferred side'}")
-  return comps
-
-
-def init_params(exp: experiment.Experiment, sft_params: Any) -> dict:
-  """SFT backbone with a fresh scalar head (kernel std `rm.head_init_scale` / sqrt(d_model + 1),
-  bias 0), and the likelihood term's weight at `rm.likelihood_weight` unless that is 0."""
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 3)
-  head = heads.init_scalar_head(key, exp.model.d_model)
-  params = {"backbone": sft_params,
-            "head": {**head, "kernel": head["kernel"] * exp.config.rm.head_init_scale}}
-  if exp.config.rm.likelihood_weight:
-    params[LIKELIHOOD] = {"weight": jnp.asarray(exp.config.rm.likelihood_weight, jnp.float32)}
-  return params
-
-
-def param_axes(exp: experiment.Experiment) -> dict:
-  """Logical axes of the reward model's parameters (`init_params`' tree)."""
-  axes = heads.param_axes(exp.model)
-  return {**axes, LIKELIHOOD: {"weight": ()}} if exp.config.rm.likelihood_weight else axes
-
-
 def _meta(exp: experiment.Experiment, files: dict[str, str], batch_size: int) -> dict:
   """What determines the trained reward model; resuming under other values is refused. The batch
   size recorded is the one trained with (`batch_size`)."""
@@ -231,7 +115,7 @@ def _meta(exp: experiment.Experiment, files: dict[str, str], batch_size: int) ->
     rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "rm": {**rm, "batch_size": batch_size},
-          "files": files_meta(exp, files), **exp.lora_meta("rm"), **exp.remat_meta("rm")}
+          "files": loaders.files_meta(exp, files), **exp.lora_meta("rm"), **exp.remat_meta("rm")}
 
 
 def train_batch_size(exp: experiment.Experiment, pairs: int, path: str) -> tuple[int, str]:
@@ -275,11 +159,11 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   lora_key = jax.random.fold_in(jax.random.key(config.seed), 5)
 
   def make(sft_params):
-    params = init_params(exp, sft_params)
+    params = loaders.init_reward_model(exp, sft_params)
     backbone = lora.adapt(lora_key, params["backbone"], exp.lora, "rm")
     return TrainState.create({**params, "backbone": backbone}, tx)
 
-  axes = param_axes(exp)
+  axes = loaders.reward_model_axes(exp)
   axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
   state, shardings = par.train_state(make, axes, tx, sft_params)
   step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for("rm"), tx=tx,
@@ -371,37 +255,19 @@ def _norm_set(exp: experiment.Experiment, train_comps: Sequence[records.Comparis
   return pipeline.posts_of(comps), [x.response_a for x in comps]
 
 
-def model_template(exp: experiment.Experiment) -> dict:
-  """The abstract reward-model parameters, sharded on this run's mesh (a restore target)."""
-  shapes = jax.eval_shape(lambda: init_params(exp, transformer.init(jax.random.key(0), exp.model)))
-  par = exp.parallel
-  return par.abstract(shapes, par.shardings(param_axes(exp), shapes))
-
-
-def load(exp: experiment.Experiment) -> tuple[dict, dict]:
-  """The normalised reward model of `<workdir>/rm/model` and its metadata."""
-  return checkpoint.restore_finished(f"{exp.workdir}/rm/model", model_template(exp), 1, "rm")
-
-
-def annotator(exp: experiment.Experiment, params: dict | None = None) -> annotators.Annotator:
-  """The reward model as an annotator (the workdir's unless `params` are given)."""
-  params = load(exp)[0] if params is None else params
-  return annotators.RewardModelAnnotator(
-      "rm", lambda examples, texts: score_texts(params, exp, examples, texts))
-
-
 def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
   """Trains and normalises the reward model unless `<workdir>/rm/model` already holds it."""
   c = exp.config.rm
   if c.normalize not in NORMALIZE:
     raise ConfigError(f"rm.normalize must be one of {NORMALIZE}, got {c.normalize!r}")
-  val_comps = load_comparisons(files["valid"], c.layout, "rm.valid_file", columns=columns(exp))
-  train_comps = load_comparisons(files["train"], c.layout, "rm.train_file", columns=columns(exp))
+  cols = loaders.columns(exp)
+  val_comps = loaders.load_comparisons(files["valid"], c.layout, "rm.valid_file", columns=cols)
+  train_comps = loaders.load_comparisons(files["train"], c.layout, "rm.train_file", columns=cols)
   size, why = train_batch_size(exp, len(train_comps), files["train"])
   meta = _meta(exp, files, size)
   model_dir = f"{exp.workdir}/rm/model"
   if checkpoint.latest_step(model_dir) == 1:
-    params, stored = load(exp)
+    params, stored = loaders.load_reward_model(exp)
     changed, refused = loop.meta_differences({k: stored.get(k) for k in meta}, meta)
     if refused:
       raise ConfigError(f"{model_dir} holds a reward model trained under another configuration "
@@ -411,13 +277,14 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
     return params, stored
   if why:
     metrics_lib.info(why)
-  sft_params = sft.load_policy(exp)
+  sft_params = loaders.load_policy(exp)
   state = train(exp, sft_params, train_comps, val_comps, meta)
   # Adapters merged: `rm/model` is a plain reward model, whatever trained it.
   params, norm = lora.merged(state.params), {"mean": 0.0, "gain": 1.0, "count": 0}
   if c.normalize != "none":
     posts, texts = _norm_set(exp, train_comps)
-    params, norm = normalize(params, score_texts(params, exp, posts, texts), c.normalize_std)
+    scores = rewards.score_texts(params, exp, posts, texts)
+    params, norm = normalize(params, scores, c.normalize_std)
   meta = {**meta, "normalization": {"target": c.normalize, **norm}}
   ckpt = checkpoint.Checkpointer(model_dir, 0, keep=1)
   ckpt.save(1, params, meta)
@@ -428,5 +295,5 @@ def fit(exp: experiment.Experiment, files: dict[str, str]) -> tuple[dict, dict]:
 def run(config, workdir: str) -> dict[str, Any]:
   """Trains and normalises the reward model (task=rm); `evaluation.rm_report` reports on it."""
   exp = experiment.prepare(config, workdir)
-  _, meta = fit(exp, comparison_files(exp))
+  _, meta = fit(exp, loaders.comparison_files(exp))
   return meta

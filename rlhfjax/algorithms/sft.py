@@ -28,6 +28,7 @@ from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
@@ -71,7 +72,7 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   n_train = len(data["prompt"])
   par = exp.parallel
   par.check_batch(f"{task}.batch_size", c.batch_size)
-  kind = model_kind(task)
+  kind = loaders.model_kind(task)
   tx = optimizer.adamw(c, c.steps, exp.trainable(kind))
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
   lora_key = jax.random.fold_in(init_key, 1)
@@ -81,7 +82,7 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
     args = (init_key,)
   else:  # A new buffer on the mesh: the trained tree never aliases `init_params`.
     make, args = (lambda p: TrainState.create(adapt(p), tx)), (init_params,)
-  state, shardings = par.train_state(make, param_axes(exp, task), tx, *args)
+  state, shardings = par.train_state(make, loaders.policy_axes(exp, task), tx, *args)
   step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for(kind), tx=tx),
                     (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
@@ -122,47 +123,6 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   writer.close()
   ckpt.close()
   return state
-
-
-def model_kind(task: str) -> str:
-  """Which of lora.MODELS the run of `train(exp, task)` trains: the SFT policy, or (expert
-  iteration, FeedME, reward conditioning) a preference-tuned policy."""
-  return "sft" if task == "sft" else "policy"
-
-
-def param_axes(exp: experiment.Experiment, task: str) -> dict:
-  """Logical axes of the policy `train(exp, task)` trains (with its adapters, if any)."""
-  return lora.model_axes(transformer.param_axes(exp.model), exp.lora, model_kind(task))
-
-
-def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
-                 model: str = "policy") -> tuple[TrainState, Any]:
-  """(state, shardings) of a policy trained from `init_params` (a new buffer on the mesh, never
-  aliasing them), with fresh adapters if `lora` applies to `model`."""
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
-  make = lambda p: TrainState.create(lora.adapt(key, p, exp.lora, model), tx)
-  axes = lora.model_axes(transformer.param_axes(exp.model), exp.lora, model)
-  return exp.parallel.train_state(make, axes, tx, init_params)
-
-
-def _state_template(exp: experiment.Experiment, task: str, steps: int) -> TrainState:
-  """The train state's shapes with their shardings on this run's mesh (a restore target)."""
-  tx = optimizer.adamw(exp.config[task], steps, exp.trainable(model_kind(task)))
-  make = lambda k: TrainState.create(
-      lora.adapt(k, transformer.init(k, exp.model), exp.lora, model_kind(task)), tx)
-  return exp.parallel.train_state(make, param_axes(exp, task), tx, jax.random.key(0),
-                                  abstract=True)[0]
-
-
-def load_policy(exp: experiment.Experiment, task: str = "sft", steps: int | None = None) -> Any:
-  """The parameters of the finished run of `train(exp, task)` in `<workdir>/<task>` (for "sft":
-  what label, rm and ppo start from), adapters merged: a plain model. A policy trained in this
-  state's layout by a loop of its own (DPO, SimPO) passes its number of `steps`; the others' is
-  their block's `steps`."""
-  steps = exp.config[task].steps if steps is None else steps
-  state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints",
-                                         _state_template(exp, task, steps), steps, task)
-  return lora.merged(state.params)
 
 
 def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from rlhfjax.algorithms import reward_model
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.feedback import annotators
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 
 def build(exp: experiment.Experiment, key: str, name: str,
@@ -22,4 +23,11 @@ def build(exp: experiment.Experiment, key: str, name: str,
                       "none: use 'rm' (the trained reward model) or 'file:PATH' (a comparisons "
                       "file)")
   return annotators.build(name, exp.config.annotators,
-                          reward_model=lambda: reward_model.annotator(exp))
+                          reward_model=lambda: reward_model_annotator(exp))
+
+
+def reward_model_annotator(exp: experiment.Experiment) -> annotators.Annotator:
+  """The workdir's reward model as an annotator."""
+  params = loaders.load_reward_model(exp)[0]
+  return annotators.RewardModelAnnotator(
+      "rm", lambda examples, texts: rewards.score_texts(params, exp, examples, texts))

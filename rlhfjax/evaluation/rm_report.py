@@ -15,8 +15,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.evaluation import agreement
@@ -25,7 +23,9 @@ from rlhfjax.evaluation import summaries
 from rlhfjax.feedback import annotators
 from rlhfjax.models import policy
 from rlhfjax.parallel.sharding import to_host
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics as metrics_lib
 
 
@@ -43,8 +43,8 @@ def _judge(params: dict, exp: experiment.Experiment,
   """The reward model's preference (0 prefers response_a, 1 response_b, 0.5 tie) on `comps`, and
   its margin for each comparison's labelled choice."""
   posts = pipeline.posts_of(comps)
-  sa = reward_model.score_texts(params, exp, posts, [x.response_a for x in comps])
-  sb = reward_model.score_texts(params, exp, posts, [x.response_b for x in comps])
+  sa = rewards.score_texts(params, exp, posts, [x.response_a for x in comps])
+  sb = rewards.score_texts(params, exp, posts, [x.response_b for x in comps])
   labels = np.array([x.choice for x in comps])
   return agreement.prefer_higher(sa, sb), labels, np.where(labels == 1, sb - sa, sa - sb)
 
@@ -74,9 +74,9 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
              sft_params: Any) -> dict[str, Any]:
   """Accuracies, the probe table and the agreement table on the validation pairs."""
   c = exp.config.rm
-  cols = reward_model.columns(exp)
-  val_comps = reward_model.load_comparisons(files["valid"], c.layout, report=False, columns=cols)
-  train_comps = reward_model.load_comparisons(files["train"], c.layout, report=False, columns=cols)
+  cols = loaders.columns(exp)
+  val_comps = loaders.load_comparisons(files["valid"], c.layout, report=False, columns=cols)
+  train_comps = loaders.load_comparisons(files["train"], c.layout, report=False, columns=cols)
   # Training accuracy on as many training pairs as there are held-out ones.
   train_pref, train_labels, _ = _judge(params, exp, train_comps[:len(val_comps)])
   rm_pref, labels, margin = _judge(params, exp, val_comps)
@@ -118,7 +118,7 @@ def evaluate(exp: experiment.Experiment, params: dict, files: dict[str, str],
 
   probe_examples = exp.splits["test"][:c.probe_examples]
   report["probes"] = rm_probes.probe_table(
-      lambda ex, texts: reward_model.score_texts(params, exp, ex, texts), probe_examples, rng)
+      lambda ex, texts: rewards.score_texts(params, exp, ex, texts), probe_examples, rng)
   return report
 
 
@@ -190,9 +190,9 @@ def format_report(report: dict[str, Any]) -> str:
 def run(config, workdir: str) -> dict[str, Any]:
   """Reports on the trained reward model of `<workdir>/rm/model` (after `reward_model.run`)."""
   exp = experiment.prepare(config, workdir)
-  files = reward_model.comparison_files(exp)
-  params, meta = reward_model.load(exp)
-  report = evaluate(exp, params, files, sft.load_policy(exp))
+  files = loaders.comparison_files(exp)
+  params, meta = loaders.load_reward_model(exp)
+  report = evaluate(exp, params, files, loaders.load_policy(exp))
   report["normalization"] = meta["normalization"]
   text = format_report(report)
   metrics_lib.info("\n" + text)

@@ -96,6 +96,7 @@ from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel import tpu
 from rlhfjax.stages import memory
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
@@ -332,7 +333,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
   likelihood = bool(config.rm.likelihood_weight)
   lm_rm = r_len if likelihood else 0  # The reward model takes logits only with its likelihood term.
   frozen = config.ppo.frozen_dtype
-  rm_params = reward_model.model_template(exp)
+  rm_params = loaders.reward_model_template(exp)
   out: list[Step] = []
 
   def plan(batch: int, logit_tokens: int, tokens: int = seq, model: ModelConfig = cfg) -> dict:
@@ -355,7 +356,7 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     c = config.rm
     par.check_batch("rm.batch_size", c.batch_size)
     tx = optimizer.adamw(c, 1000, exp.trainable("rm"))
-    axes = reward_model.param_axes(exp)
+    axes = loaders.reward_model_axes(exp)
     axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
     adapt = lambda p: {**p, "backbone": lora.adapt(jax.random.key(0), p["backbone"], exp.lora,
                                                    "rm")}

@@ -24,12 +24,11 @@ import jax
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
-from rlhfjax.algorithms import reward_model
-from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import hf_checkpoint
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics as metrics_lib
 
 # A Hugging Face directory's files that describe its tokenizer and generation, not its weights.
@@ -39,16 +38,16 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 # The finished runs that can be exported, and how each is read back.
 LOADERS: dict[str, Callable[[experiment.Experiment], Any]] = {
-    "sft": sft.load_policy,
-    "expert_iteration": lambda exp: sft.load_policy(exp, "expert_iteration"),
-    "feedme": lambda exp: sft.load_policy(exp, "feedme"),
-    "reward_conditioning": lambda exp: sft.load_policy(exp, "reward_conditioning"),
+    "sft": loaders.load_policy,
+    "expert_iteration": lambda exp: loaders.load_policy(exp, "expert_iteration"),
+    "feedme": lambda exp: loaders.load_policy(exp, "feedme"),
+    "reward_conditioning": lambda exp: loaders.load_policy(exp, "reward_conditioning"),
     "ppo": ppo.load_policy,
     "dpo": dpo.load_policy,
     "simpo": lambda exp: dpo.load_policy(exp, "simpo"),
     **{task: functools.partial(online.load_policy, task=task)
        for task in ("rloo", "grpo", "dapo", "gspo", "dr_grpo", "reinforce_pp", "online_dpo")},
-    "rm": lambda exp: reward_model.load(exp)[0],
+    "rm": lambda exp: loaders.load_reward_model(exp)[0],
 }
 
 

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
@@ -42,6 +41,7 @@ from rlhfjax.rollout import engine
 from rlhfjax.sources import loading
 from rlhfjax.sources import tfds_builders
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 
@@ -122,7 +122,7 @@ def binary(exp: experiment.Experiment, paths: dict[str, str]) -> None:
   chosen = {split: exp.splits[SPLITS[split]][:sizes[split]] for split in paths}
   annotator = judges.build(exp, "label.annotator", c.annotator,
                            [e for examples in chosen.values() for e in examples])
-  params = sft.load_policy(exp)
+  params = loaders.load_policy(exp)
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 13)
   for i, (split, path) in enumerate(paths.items()):
     examples = chosen[split]
@@ -171,7 +171,7 @@ def label(exp: experiment.Experiment) -> dict[str, str]:
   prompts = [e for examples in chosen.values() for e in examples]
   layout = layout_of(exp, prompts)
   annotator = judges.build(exp, "label.annotator", c.annotator, prompts)
-  params = sft.load_policy(exp)
+  params = loaders.load_policy(exp)
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 11)
   held_out = None
   for i, (split, path) in enumerate(paths.items()):

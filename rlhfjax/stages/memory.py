@@ -27,7 +27,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlhfjax.algorithms import ppo
-from rlhfjax.algorithms import reward_model
 from rlhfjax.algorithms import sft
 from rlhfjax.models import attention
 from rlhfjax.models.config import ModelConfig
@@ -38,6 +37,7 @@ from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 from rlhfjax.training import metrics
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
@@ -226,7 +226,7 @@ def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
   exp = experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg)
   c = config.ppo
   state = ppo._state_template(exp)  # pylint: disable=protected-access
-  reward = reward_model.model_template(exp)
+  reward = loaders.reward_model_template(exp)
   ref = None if rank else ppo.frozen(state.params["policy"], c.frozen_dtype)
   if ref is not None:  # A separate frozen copy, laid out like the policy.
     ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),

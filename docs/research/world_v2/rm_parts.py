@@ -13,26 +13,27 @@ import jax
 import numpy as np
 
 from rlhfjax import config_file
-from rlhfjax.algorithms import reward_model
 from rlhfjax.data import pipeline
 from rlhfjax.evaluation import agreement, rm_report
 from rlhfjax.models import heads
+from rlhfjax.rollout import rewards
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 
 def main(workdir: str) -> None:
   exp = experiment.prepare(config_file.load("configs/tldr_sim.py", None), workdir)
-  params, _ = reward_model.load(exp)
+  params, _ = loaders.load_reward_model(exp)
   if heads.LIKELIHOOD not in params:
     sys.exit(f"{workdir}/rm/model has no likelihood term (rm.likelihood_weight=0)")
-  comps = reward_model.load_comparisons(f"{workdir}/label/valid.jsonl", "openai", report=False)
+  comps = loaders.load_comparisons(f"{workdir}/label/valid.jsonl", "openai", report=False)
   posts = pipeline.posts_of(comps)
   a, b = [c.response_a for c in comps], [c.response_b for c in comps]
   gold = agreement.gold_preference(rm_report._examples_of(exp, comps), a, b)
 
   def scores(p) -> tuple[np.ndarray, np.ndarray]:
-    return (np.asarray(reward_model.score_texts(p, exp, posts, a)),
-            np.asarray(reward_model.score_texts(p, exp, posts, b)))
+    return (np.asarray(rewards.score_texts(p, exp, posts, a)),
+            np.asarray(rewards.score_texts(p, exp, posts, b)))
 
   head_only = dict(params, **{heads.LIKELIHOOD: jax.tree.map(lambda w: w * 0,
                                                             params[heads.LIKELIHOOD])})

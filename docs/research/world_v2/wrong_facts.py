@@ -12,20 +12,21 @@ import collections
 import sys
 
 from rlhfjax import config_file
-from rlhfjax.algorithms import reward_model
 from rlhfjax.data import pipeline
 from rlhfjax.evaluation import agreement, rm_report
+from rlhfjax.rollout import rewards
 from rlhfjax.simulated import gold
 from rlhfjax.training import experiment
+from rlhfjax.training import loaders
 
 def main(workdir: str) -> None:
   exp = experiment.prepare(config_file.load("configs/tldr_sim.py", None), workdir)
-  params, _ = reward_model.load(exp)
-  comps = reward_model.load_comparisons(f"{workdir}/label/valid.jsonl", "openai", report=False)
+  params, _ = loaders.load_reward_model(exp)
+  comps = loaders.load_comparisons(f"{workdir}/label/valid.jsonl", "openai", report=False)
   posts = pipeline.posts_of(comps)
   a, b = [c.response_a for c in comps], [c.response_b for c in comps]
-  rm = agreement.prefer_higher(reward_model.score_texts(params, exp, posts, a),
-                               reward_model.score_texts(params, exp, posts, b))
+  rm = agreement.prefer_higher(rewards.score_texts(params, exp, posts, a),
+                               rewards.score_texts(params, exp, posts, b))
   examples = rm_report._examples_of(exp, comps)
   gold_pref = agreement.gold_preference(examples, a, b)
   component = agreement.deciding_component(examples, a, b)
