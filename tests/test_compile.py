@@ -20,6 +20,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import flops, transformer
 from rlhfjax.parallel import tpu
 from rlhfjax.stages import compile as compile_task
+from rlhfjax.stages import costs
 from rlhfjax.training import optimizer
 from rlhfjax.training.state import TrainState
 
@@ -271,7 +272,7 @@ def test_cheaper_ppo_layouts_hold_fewer_bytes(reports):
     c.model.dtype = "bfloat16"
     c.ppo.update(value_model=value_model, frozen_dtype=frozen)
     step, = compile_task.steps(c, compile_task.model_config(c), par, ("ppo_update",), fast_domain=4)
-    args[value_model, frozen] = compile_task._per_chip(step.args)  # pylint: disable=protected-access
+    args[value_model, frozen] = costs.per_chip(step.args)
   assert args["separate", ""] > args["policy_trunk", ""] > args["policy_trunk", "bfloat16"]
 
 
@@ -389,7 +390,7 @@ def test_lora_steps_hold_adapters_and_their_moments_only(tmp_path):
                                                                      "tensor": 1}))
     steps[rank] = {s.name: s for s in compile_task.steps(c, compile_task.model_config(c), par,
                                                          names, fast_domain=4)}
-    args[rank] = {n: compile_task._per_chip(s.args)  # pylint: disable=protected-access
+    args[rank] = {n: costs.per_chip(s.args)
                   for n, s in steps[rank].items()}
   for name in names:
     assert args[4][name] < args[0][name], name

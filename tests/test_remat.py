@@ -21,7 +21,7 @@ from rlhfjax.models.config import REMAT, ModelConfig
 from rlhfjax.models import flops
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import Parallel
-from rlhfjax.stages import compile as compile_task
+from rlhfjax.stages import costs
 from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training import loop
@@ -220,7 +220,7 @@ def test_memory_plan_orders_none_dots_full():
 
 def test_compile_counts_what_each_policy_recomputes():
   cfg = ModelConfig(variant="llama", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128)
-  recomputed = lambda r: compile_task._recomputed(cfg.replace(remat=r), 2, 32)
+  recomputed = lambda r: costs.recomputed(cfg.replace(remat=r), 2, 32)
   assert recomputed("none") == 0
   assert recomputed("full") == flops.forward(cfg, 2, 32, logit_tokens=0)
   # Dots and offload: the causal half of QK^T and PV, 2 x 2 FLOPs per multiply-add, per layer.
@@ -233,7 +233,6 @@ def test_memory_task_shows_each_trained_model_under_every_policy(tiny_config, tm
   config = tiny_config
   config.remat.update(policy="dots", value="offload")
   # The XLA compiles of the SFT and PPO steps are test_lora's; here only the plan's tables.
-  monkeypatch.setattr(memory, "sft_step_lowered", lambda *a: None)
   monkeypatch.setattr(memory, "xla_step_bytes", lambda _: dict.fromkeys(
       ("arguments", "outputs", "temporaries", "aliased"), 0))
   held = dict.fromkeys(("trained_params", "params", "policy_and_value", "optimizer", "reference",

@@ -24,6 +24,8 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import heads
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.training import experiment
 from rlhfjax.training.state import TrainState
 
 GAP = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
@@ -201,20 +203,21 @@ def test_with_tis_off_the_sampler_logprobs_change_no_update(tiny, name):
     jax.eval_shape(step(True), state, ref, rm, batch, key)
 
 
-def test_the_grpo_blocks_name_their_own_tis_key(tiny_config, tiny, monkeypatch):
+def test_the_grpo_blocks_name_their_own_tis_key(tiny_config, monkeypatch):
   """task=dapo, gspo and dr_grpo run the GRPO step under their own blocks: a batch without the
   sampler's log-probs stops with the key of the block the run reads (dapo.truncated_is, ...), not
-  grpo's. The step as grpo.run hands it to the loop, traced, not run."""
-  ref, rm, batch, _ = tiny
-  tx = optax.adam(1e-2)
-  state = jax.eval_shape(lambda: TrainState.create({"policy": ref}, tx))
-  key = jax.eval_shape(lambda: jax.random.key(1))
-  steps = {}
-  monkeypatch.setattr(online, "run_policy",
-                      lambda config, workdir, task, step, *a, **kw: steps.setdefault(task, step))
+  grpo's. The program grpo.run hands to the loop (its builder's), traced, not run."""
+  programs = {}
+  monkeypatch.setattr(online, "run_policy", lambda config, workdir, task, program_of, *a, **kw:
+                      programs.setdefault(task, program_of))
+  cfg = ModelConfig.from_mapping(tiny_config.model.to_dict())
   for task in ("grpo", "dapo", "gspo", "dr_grpo"):
     tiny_config[task].truncated_is = True
     grpo.run(tiny_config, "unused", task)
-    step = functools.partial(steps[task], cfg=CFG, c=tiny_config[task], tx=tx, eos_id=EOS)
+    exp = experiment.Experiment(tiny_config, "", {}, None, cfg,
+                                Parallel.from_config(tiny_config.mesh))
+    prog = programs[task](exp)
+    state, ref, rm, batch, key = prog.args
+    batch = {k: v for k, v in batch.items() if k != "sampler_logprobs"}
     with pytest.raises(ConfigError, match=rf"^{task}\.truncated_is needs the sampler's log-probs"):
-      jax.eval_shape(step, state, ref, rm, batch, key)
+      prog.step.lower(state, ref, rm, batch, key)

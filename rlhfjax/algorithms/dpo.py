@@ -44,6 +44,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 REFERENCE_LOSSES = ("sigmoid", "ipo")  # Against the reference policy (online DPO takes these).
@@ -136,6 +137,26 @@ def num_steps(c: Any, task: str, pairs: int) -> int:
   return steps
 
 
+def program(exp: experiment.Experiment, task: str, steps: int) -> program_lib.Program:
+  """The update step `train(exp, task)` runs (dpo or simpo, under its config block) for `steps`
+  steps: AdamW over them, the policy with its adapters and remat policy, and the reference tree
+  where the loss reads one and the policy is not a LoRA policy (whose base is its reference)."""
+  c, fmt, par = exp.config[task], exp.config.format, exp.parallel
+  par.check_batch(f"{task}.batch_size", c.batch_size)
+  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
+  state, shardings = loaders.policy_template(exp, tx)
+  ref = (state.params if c.loss_type in REFERENCE_LOSSES and not exp.lora.applies_to("policy")
+         else None)
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
+  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
+                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
+                 (0,))
+  batch = program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
+                                                 "chosen": fmt.response_len,
+                                                 "rejected": fmt.response_len})
+  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+
+
 def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   """Trains (or resumes) `task` (dpo or simpo, under its config block) in `<workdir>/<task>` on
   the comparison files of task=rm."""
@@ -147,18 +168,13 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
                                    columns=loaders.columns(exp))
   data = pipeline.encode_comparisons(exp.tokenizer, comps, fmt.prompt_len, fmt.response_len)
   steps = num_steps(c, task, len(comps))
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = loaders.load_policy(exp)
   par = exp.parallel
-  par.check_batch(f"{task}.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = loaders.policy_state(exp, tx, ref_params)
+  prog = program(exp, task, steps)
+  state, step_fn = prog.init(loaders.policy_init(exp, prog.tx), ref_params), prog.step
   reference_free = c.loss_type not in REFERENCE_LOSSES
   if reference_free or exp.lora.applies_to("policy"):
     ref_params = None  # SimPO needs none; a LoRA policy's own base is its reference.
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
-                    (shardings, None if ref_params is None else shardings.params, par.batch),
-                    (shardings, par.replicated), (0,))
   task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)

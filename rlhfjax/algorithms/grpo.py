@@ -55,6 +55,8 @@ from rlhfjax.models import policy
 from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
+from rlhfjax.training import experiment
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 SCALES = ("group", "batch", "none")
@@ -302,6 +304,13 @@ def check_config(c: Any, response_len: int | None = None, task: str = "grpo") ->
   online.check_sampling(task, c, c.k, "advantages are relative to the group")
 
 
+def program(exp: experiment.Experiment, task: str = "grpo") -> program_lib.Program:
+  """The update step of the GRPO block `task` (grpo, dapo, gspo, dr_grpo) as `run` trains it
+  (`online.program`)."""
+  return online.program(exp, task, functools.partial(train_step, task=task),
+                        online.minibatch_updates_per_step(exp.config[task]))
+
+
 def run(config, workdir: str, task: str = "grpo") -> TrainState:
   """Trains (or resumes) the GRPO block `task` in `<workdir>/<task>`: grpo, or dapo, gspo and
   dr_grpo (the same step under their papers' settings, each block read alone), refilling dropped
@@ -310,5 +319,5 @@ def run(config, workdir: str, task: str = "grpo") -> TrainState:
   check_config(c, config.format.response_len, task)
   draws = c.max_num_gen_batches
   refill = online.Refill(informative, draws) if draws > 1 else None
-  return online.run_policy(config, workdir, task, functools.partial(train_step, task=task), c.k,
-                           online.minibatch_updates_per_step(c), refill=refill)
+  return online.run_policy(config, workdir, task, functools.partial(program, task=task), c.k,
+                           refill=refill)

@@ -52,6 +52,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 FEEDBACK = ("pairs", "binary")
@@ -164,6 +165,25 @@ def load_feedback(exp: experiment.Experiment) -> tuple[list[records.Feedback], s
   raise ConfigError(f"kto.feedback must be one of {FEEDBACK}, got {c.feedback!r}")
 
 
+def program(exp: experiment.Experiment, steps: int) -> program_lib.Program:
+  """The update step `train` runs for `steps` steps: AdamW over them, the policy with its adapters
+  and remat policy, and the reference tree unless the policy is a LoRA policy (whose base is its
+  reference)."""
+  c, fmt, par = exp.config.kto, exp.config.format, exp.parallel
+  par.check_batch("kto.batch_size", c.batch_size)
+  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
+  state, shardings = loaders.policy_template(exp, tx)
+  ref = None if exp.lora.applies_to("policy") else state.params
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
+  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
+                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
+                 (0,))
+  batch = {**program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
+                                                    "response": fmt.response_len}),
+           "label": jax.ShapeDtypeStruct((c.batch_size,), jnp.bool_, sharding=par.batch)}
+  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+
+
 def train(exp: experiment.Experiment) -> TrainState:
   """Trains (or resumes) KTO in `<workdir>/kto` on the feedback of `kto.feedback`."""
   config, c, fmt = exp.config, exp.config.kto, exp.config.format
@@ -179,17 +199,12 @@ def train(exp: experiment.Experiment) -> TrainState:
   if steps <= 0:
     raise ConfigError(f"kto.batch_size ({c.batch_size}) exceeds kto.epochs x {len(feedback)} "
                       "responses")
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = loaders.load_policy(exp)
   par = exp.parallel
-  par.check_batch("kto.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = loaders.policy_state(exp, tx, ref_params)
+  prog = program(exp, steps)
+  state, step_fn = prog.init(loaders.policy_init(exp, prog.tx), ref_params), prog.step
   if exp.lora.applies_to("policy"):
     ref_params = None  # A LoRA policy's own base is its reference.
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
-                    (shardings, None if ref_params is None else shardings.params, par.batch),
-                    (shardings, par.replicated), (0,))
   task_dir = exp.task_dir("kto")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)

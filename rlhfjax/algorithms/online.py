@@ -43,6 +43,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 Step = Callable[[Any, Any, Any, pipeline.Batch, jax.Array], tuple[Any, dict[str, jax.Array]]]
@@ -213,78 +214,115 @@ def refill_order(kept: list[np.ndarray], groups: int) -> list[tuple[int, int]]:
   return order[:groups]
 
 
-def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
-                 abstract: bool = False) -> tuple[TrainState, Any]:
-  """(state, shardings) of a critic-free method's policy `{'policy'}` trained from `init_params`
-  (with fresh adapters where LoRA applies to it); with `abstract`, a restore target."""
+def policy_init(exp: experiment.Experiment, tx: optax.GradientTransformation
+                ) -> Callable[[Any], TrainState]:
+  """`make(init_params)`: a critic-free method's state `{'policy'}` trained from `init_params`
+  (with fresh adapters where LoRA applies to it)."""
   lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
   # A copy: the trained tree must not alias the frozen reference.
-  make = lambda p: TrainState.create(
+  return lambda p: TrainState.create(
       {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
+
+
+def policy_template(exp: experiment.Experiment, tx: optax.GradientTransformation
+                    ) -> tuple[TrainState, Any]:
+  """(abstract state, shardings) of `policy_init`'s state: the program's and the restore target."""
   axes = {"policy": lora.model_axes(transformer.param_axes(exp.model), exp.lora, "policy")}
-  return exp.parallel.train_state(make, axes, tx, init_params, abstract=abstract)
+  shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  return exp.parallel.train_state(policy_init(exp, tx), axes, tx, shapes, abstract=True)
 
 
 def load_policy(exp: experiment.Experiment, task: str) -> Any:
   """The policy of the finished run of the critic-free method `task` in `<workdir>/<task>`,
   adapters merged."""
   c = exp.config[task]
-  shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
   # The schedule's length (updates per iteration) leaves the optimizer state's layout alone.
-  template, _ = policy_state(exp, adamw(c, 1, exp.trainable("policy")), shapes, abstract=True)
+  template, _ = policy_template(exp, adamw(c, 1, exp.trainable("policy")))
   state, _ = checkpoint.restore_finished(f"{exp.workdir}/{task}/checkpoints", template, c.steps,
                                          task)
   return lora.merged(state.params["policy"])
 
 
-def train_policy(exp: experiment.Experiment, task: str, train_step: Callable, k: int,
-                 updates_per_step: int, annotate: Annotate | None = None,
-                 refill: Refill | None = None) -> TrainState:
-  """Runs (or resumes) a critic-free online method in `<workdir>/<task>`: the policy (params
-  `{'policy'}`) starts from SFT and trains against the frozen SFT reference and reward model with
-  `train_step(state, ref, reward, batch, rng, *, cfg, c, tx, eos_id)`. With LoRA on the policy,
-  `ref` is None and the step takes the policy's base as the reference: one backbone for both."""
-  c = exp.config[task]
-  # Dropout off: log-probs must be exact. The step's forwards of the reference and reward model
-  # run without a backward pass, where the policy's rematerialisation changes nothing.
+def rollout_batch(exp: experiment.Experiment, rows: int,
+                  extra: dict[str, jax.ShapeDtypeStruct] | None = None
+                  ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The abstract batch `train` hands the step: `rows` sampled prompts and responses with the
+  sampler's log-probs, the reward functions' sum and the model's weight where `reward.functions`
+  names any, and `extra` (an annotator's labels)."""
+  fmt, par = exp.config.format, exp.parallel
+  row = lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=par.batch)
+  batch = {**program_lib.tokens(par, rows, {"prompt": fmt.prompt_len,
+                                             "response": fmt.response_len}),
+           "sampler_logprobs": row((rows, fmt.response_len))}
+  if reward_functions.load(exp.config.reward):
+    batch.update(function_rewards=row((rows,)), model_weight=row((rows,)))
+  return {**batch, **(extra or {})}
+
+
+def reward_template(exp: experiment.Experiment) -> Any:
+  """The abstract reward model a run reads (None: `reward.model_weight` 0, functions alone)."""
+  return (loaders.reward_model_template(exp) if reward_functions.uses_model(exp.config.reward)
+          else None)
+
+
+def program(exp: experiment.Experiment, task: str, train_step: Callable, updates_per_step: int,
+            extra: dict[str, jax.ShapeDtypeStruct] | None = None) -> program_lib.Program:
+  """The update step a critic-free method `task` runs (`train_step(state, ref, reward, batch,
+  rng, *, cfg, c, tx, eos_id)`): AdamW over every update of every iteration, the policy with its
+  adapters and remat policy (dropout off: log-probs must be exact), the reference tree unless the
+  policy is a LoRA policy (whose base is its reference), the run's eos ids; `extra`: batch keys
+  an annotator adds."""
+  c, par = exp.config[task], exp.parallel
+  par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
   cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
+  tx = adamw(c, updates_per_step, exp.trainable("policy"))
+  state, shardings = policy_template(exp, tx)
+  ref = None if exp.lora.applies_to("policy") else state.params["policy"]
+  reward = reward_template(exp)
+  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.eos_ids),
+                 (shardings, program_lib.shardings_of(ref), program_lib.shardings_of(reward),
+                  par.batch, par.replicated), (shardings, par.replicated), (0,))
+  args = (state, ref, reward, rollout_batch(exp, c.rollout_batch, extra), program_lib.key(par))
+  return program_lib.Program(step, args, state, shardings, tx)
+
+
+def train_policy(exp: experiment.Experiment, task: str, prog: program_lib.Program, k: int,
+                 annotate: Annotate | None = None, refill: Refill | None = None) -> TrainState:
+  """Runs (or resumes) a critic-free online method in `<workdir>/<task>` with its program
+  (`program`): the policy (params `{'policy'}`) starts from SFT and trains against the frozen SFT
+  reference and reward model. With LoRA on the policy, `ref` is None and the step takes the
+  policy's base as the reference: one backbone for both."""
+  c, par = exp.config[task], exp.parallel
   ref_params = loaders.load_policy(exp)
   reward_params = (loaders.load_reward_model(exp)[0]
                    if reward_functions.uses_model(exp.config.reward) else None)
-  reward_shardings = (None if reward_params is None else
-                      exp.parallel.shardings(loaders.reward_model_axes(exp), reward_params))
-  par = exp.parallel
-  par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
   groups = min(c.rollout_batch, c.get("minibatch_size", c.rollout_batch)) // k
   if group(c, k) > 1 and groups % par.data_parallel:
     metrics_lib.info(f"{task}: {groups} prompt groups per minibatch do not split over "
                      f"{par.data_parallel} data-parallel devices: the packed rows of "
                      f"{task}.share_prompt run replicated (raise {task}.minibatch_size or set "
                      f"share_prompt=False)")
-  tx = adamw(c, updates_per_step, exp.trainable("policy"))
-  state, shardings = policy_state(exp, tx, ref_params)
+  state = prog.init(policy_init(exp, prog.tx), ref_params)
   if exp.lora.applies_to("policy"):
     ref_params = None
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids),
-                    (shardings, None if ref_params is None else shardings.params["policy"],
-                     reward_shardings, par.batch, par.replicated), (shardings, par.replicated),
-                    (0,))
   if refill is not None:  # The step's layout and shardings, less the rng.
+    _, ref, reward, _, _ = prog.args
+    cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
     refill = dataclasses.replace(refill, informative=par.jit(
-        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.tokenizer.eos_ids),
-        (shardings, None if ref_params is None else shardings.params["policy"],
-         reward_shardings, par.batch), par.replicated))
-  return train(exp, task, state, step_fn, ref_params, reward_params, meta(exp, task), k=k,
+        functools.partial(refill.informative, cfg=cfg, c=c, eos_id=exp.eos_ids),
+        (prog.shardings, program_lib.shardings_of(ref), program_lib.shardings_of(reward),
+         par.batch), par.replicated))
+  return train(exp, task, state, prog.step, ref_params, reward_params, meta(exp, task), k=k,
                annotate=annotate, refill=refill)
 
 
-def run_policy(config, workdir: str, task: str, train_step: Callable, k: int,
-               updates_per_step: int, annotate: Callable | None = None,
+def run_policy(config, workdir: str, task: str, program_of: Callable[..., program_lib.Program],
+               k: int, annotate: Callable | None = None,
                refill: Refill | None = None) -> TrainState:
-  """`train_policy`, then the policy answers the test prompts for task=eval."""
+  """`train_policy` with the program `program_of(exp)`, then the policy answers the test prompts
+  for task=eval."""
   exp = experiment.prepare(config, workdir)
-  state = train_policy(exp, task, train_step, k, updates_per_step,
-                       annotate(exp) if annotate else None, refill)
+  state = train_policy(exp, task, program_of(exp), k, annotate(exp) if annotate else None, refill)
   outputs.save_policy(exp, task, state.params["policy"], loaders.load_policy(exp))
   return state
 

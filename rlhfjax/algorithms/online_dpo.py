@@ -36,6 +36,7 @@ from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
 from rlhfjax.training import experiment
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 PREFERENCE = "preference"  # Batch key: per pair, 0 when the first answer wins, 1 the second.
@@ -118,6 +119,14 @@ def check_config(c: Any) -> None:
   online.check_sampling("online_dpo", c, 2)
 
 
+def program(exp: experiment.Experiment) -> program_lib.Program:
+  """Online DPO's update step as `run` trains it (`online.program`): one update per iteration, on
+  pairs the annotator ordered (`PREFERENCE`, one label per pair)."""
+  pairs = exp.config.online_dpo.rollout_batch // 2
+  label = jax.ShapeDtypeStruct((pairs,), jnp.int32, sharding=exp.parallel.batch)
+  return online.program(exp, "online_dpo", train_step, 1, {PREFERENCE: label})
+
+
 def run(config, workdir: str) -> TrainState:
   check_config(config.online_dpo)
-  return online.run_policy(config, workdir, "online_dpo", train_step, 2, 1, pool_annotate)
+  return online.run_policy(config, workdir, "online_dpo", program, 2, pool_annotate)

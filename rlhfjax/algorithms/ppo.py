@@ -50,6 +50,7 @@ from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 WHITEN = ("batch", "minibatch")
@@ -323,12 +324,37 @@ def _meta(exp: experiment.Experiment) -> dict:
           **exp.lora_meta("policy"), **exp.lora_meta("value"), **exp.remat_meta(*_roles(exp))}
 
 
+def program(exp: experiment.Experiment) -> program_lib.Program:
+  """PPO's update step (experience and minibatch passes) as `train` runs it: AdamW over every
+  minibatch update, the policy and value model with their adapters and remat policies (dropout
+  off: log-probs must be exact), the frozen reference (none under LoRA: the policy's base) and
+  reward model (none with reward functions alone) in `ppo.frozen_dtype`, the run's eos ids."""
+  c, par = exp.config.ppo, exp.parallel
+  check_config(c)
+  par.check_batch("ppo.rollout_batch", c.rollout_batch)
+  cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0) for r in ("policy", "value"))
+  tx = adamw(c, exp.trainable("policy", "value"))
+  policy_shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  state, shardings = par.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
+                                     param_axes(exp.model, c.value_model, exp.lora), tx,
+                                     policy_shapes, loaders.reward_model_template(exp),
+                                     abstract=True)
+  cast = lambda tree: None if tree is None else par.abstract(
+      jax.eval_shape(lambda t: frozen(t, c.frozen_dtype), tree), program_lib.shardings_of(tree))
+  ref = None if exp.lora.applies_to("policy") else cast(state.params["policy"])
+  reward = cast(online.reward_template(exp))
+  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.eos_ids,
+                                   value_cfg=value_cfg),
+                 (shardings, program_lib.shardings_of(ref), program_lib.shardings_of(reward),
+                  par.batch, par.replicated), (shardings, par.replicated), (0,))
+  args = (state, ref, reward, online.rollout_batch(exp, c.rollout_batch), program_lib.key(par))
+  return program_lib.Program(step, args, state, shardings, tx)
+
+
 def train(exp: experiment.Experiment) -> PPOState:
   """Runs (or resumes) PPO in `<workdir>/ppo`."""
   c = exp.config.ppo
-  check_config(c)
-  # Dropout off: log-probs must be exact.
-  cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0) for r in ("policy", "value"))
+  prog = program(exp)
   ref_params = loaders.load_policy(exp)
   if reward_functions.uses_model(exp.config.reward):
     reward_params, _ = loaders.load_reward_model(exp)
@@ -338,24 +364,13 @@ def train(exp: experiment.Experiment) -> PPOState:
     value_source = {"backbone": ref_params,
                     "head": {"kernel": jnp.zeros((exp.model.d_model,), jnp.float32),
                              "bias": jnp.zeros((), jnp.float32)}}
-  par = exp.parallel
-  par.check_batch("ppo.rollout_batch", c.rollout_batch)
-  tx = adamw(c, exp.trainable("policy", "value"))
-  state, shardings = par.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
-                                     param_axes(exp.model, c.value_model, exp.lora), tx,
-                                     ref_params, value_source)
+  state = prog.init(functools.partial(init_state, exp, lcfg=exp.lora), ref_params, value_source)
   # The trained copies are made; the frozen models may now drop to their own dtype. A LoRA
   # policy's reference is its own base (one backbone for both): no separate tree, no cast.
   ref_params = (None if exp.lora.applies_to("policy")
                 else frozen(ref_params, c.frozen_dtype))
   reward_params = None if reward_params is None else frozen(reward_params, c.frozen_dtype)
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.tokenizer.eos_ids,
-                                      value_cfg=value_cfg),
-                    (shardings, None if ref_params is None else shardings.params["policy"],
-                     None if reward_params is None else
-                     par.shardings(loaders.reward_model_axes(exp), reward_params), par.batch,
-                     par.replicated), (shardings, par.replicated), (0,))
-  return online.train(exp, "ppo", state, step_fn, ref_params, reward_params, _meta(exp))
+  return online.train(exp, "ppo", state, prog.step, ref_params, reward_params, _meta(exp))
 
 
 def param_axes(cfg: ModelConfig, value_model: str = "separate",
@@ -371,19 +386,9 @@ def param_axes(cfg: ModelConfig, value_model: str = "separate",
           "value": {**value, "backbone": lora.model_axes(value["backbone"], lcfg, "value")}}
 
 
-def _state_template(exp: experiment.Experiment) -> PPOState:
-  """PPO's state shapes with their shardings on this run's mesh (a restore target)."""
-  policy_shape = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
-  return exp.parallel.train_state(functools.partial(init_state, exp, lcfg=exp.lora),
-                                  param_axes(exp.model, exp.config.ppo.value_model, exp.lora),
-                                  adamw(exp.config.ppo, exp.trainable("policy", "value")),
-                                  policy_shape,
-                                  loaders.reward_model_template(exp), abstract=True)[0]
-
-
 def load_policy(exp: experiment.Experiment) -> Any:
   """The policy parameters of the finished PPO run in `<workdir>/ppo`, adapters merged."""
-  state, _ = checkpoint.restore_finished(f"{exp.workdir}/ppo/checkpoints", _state_template(exp),
+  state, _ = checkpoint.restore_finished(f"{exp.workdir}/ppo/checkpoints", program(exp).state,
                                          exp.config.ppo.steps, "ppo")
   return lora.merged(state.params["policy"])
 

@@ -38,6 +38,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 
@@ -70,23 +71,36 @@ def top_quantile(scores: np.ndarray, num_bins: int) -> np.ndarray:
   return np.argsort(-scores, kind="stable")[:k]
 
 
+def program(exp: experiment.Experiment) -> program_lib.Program:
+  """The update step `run` takes on the pool: AdamW over every step of every round, the policy
+  with its adapters and remat policy, the reference tree unless the policy is a LoRA policy."""
+  c, fmt, par = exp.config.quark, exp.config.format, exp.parallel
+  par.check_batch("quark.batch_size", c.batch_size)
+  tx = optimizer.adamw(c, c.rounds * c.steps_per_round, exp.trainable("policy"))
+  state, shardings = loaders.policy_template(exp, tx)
+  ref = None if exp.lora.applies_to("policy") else state.params
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
+  step = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
+                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
+                 (0,))
+  batch = program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
+                                                 "ref_prompt": fmt.prompt_len,
+                                                 "response": fmt.response_len})
+  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+
+
 def run(config, workdir: str) -> Any:
   exp = experiment.prepare(config, workdir)
   c, fmt = config.quark, config.format
   if c.num_bins < 2 or c.prompts_per_round < c.num_bins:
     raise ConfigError(f"quark.num_bins must be >= 2 and <= quark.prompts_per_round, got "
                       f"{c.num_bins} and {c.prompts_per_round}")
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
   ref_params = loaders.load_policy(exp)
   reward_params, _ = loaders.load_reward_model(exp)
   par = exp.parallel
-  par.check_batch("quark.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, c.rounds * c.steps_per_round, exp.trainable("policy"))
-  state, shardings = loaders.policy_state(exp, tx, ref_params)
+  prog = program(exp)
+  state, step_fn = prog.init(loaders.policy_init(exp, prog.tx), ref_params), prog.step
   held_ref = None if exp.lora.applies_to("policy") else ref_params  # None: the policy's base.
-  step_fn = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
-                    (shardings, None if held_ref is None else shardings.params, par.batch),
-                    (shardings, par.replicated), (0,))
   examples = exp.splits["unlabeled"]
   with_gold = pipeline.has_gold(examples)  # Real data has no gold reward: `quark/gold` is left out.
   plain = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)

@@ -38,6 +38,8 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import policy
 from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import experiment
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 ESTIMATORS = ("reinforce_pp", "reinforce_pp_baseline")
@@ -108,8 +110,13 @@ def check_config(c: Any) -> None:
                         "the baseline estimator subtracts the group's mean" if baseline else "")
 
 
+def program(exp: experiment.Experiment) -> program_lib.Program:
+  """REINFORCE++'s update step as `run` trains it (`online.program`)."""
+  return online.program(exp, "reinforce_pp", train_step,
+                        online.minibatch_updates_per_step(exp.config.reinforce_pp))
+
+
 def run(config, workdir: str) -> TrainState:
   c = config.reinforce_pp
   check_config(c)
-  return online.run_policy(config, workdir, "reinforce_pp", train_step, c.k,
-                           online.minibatch_updates_per_step(c))
+  return online.run_policy(config, workdir, "reinforce_pp", program, c.k)

@@ -58,6 +58,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 NORMALIZE = ("reference", "sft", "none")
@@ -138,6 +139,36 @@ def train_batch_size(exp: experiment.Experiment, pairs: int, path: str) -> tuple
                 f"with batch {size} (set rm.batch_size to choose another)")
 
 
+def warmup(c: Any, steps: int) -> int:
+  """`rm.warmup_steps`, or one less than a shorter run's `steps` (its last step reaches rm.lr)."""
+  return min(c.warmup_steps, steps - 1)
+
+
+def program(exp: experiment.Experiment, steps: int, batch_size: int) -> program_lib.Program:
+  """The update step `train` runs for `steps` steps of `batch_size` comparisons (plus
+  `rm.contrast_batch_size` contrastive pairs): AdamW over them, the adapters `lora` gives the
+  reward model's backbone, its remat policy."""
+  c, fmt, par = exp.config.rm, exp.config.format, exp.parallel
+  par.check_batch("rm.batch_size", batch_size)
+  tx = optimizer.adamw({**c.to_dict(), "warmup_steps": warmup(c, steps)}, steps,
+                       exp.trainable("rm"))
+  adapt = lambda p: {**p, "backbone": lora.adapt(jax.random.key(0), p["backbone"], exp.lora, "rm")}
+  axes = loaders.reward_model_axes(exp)
+  axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
+  state, shardings = par.train_state(lambda p: TrainState.create(adapt(p), tx), axes, tx,
+                                     loaders.reward_model_template(exp), abstract=True)
+  step = par.jit(functools.partial(train_step, cfg=exp.model_for("rm"), tx=tx,
+                                   contrast_weight=c.contrast_weight),
+                 (shardings, par.batch), (shardings, par.replicated), (0,))
+  names = {"prompt": fmt.prompt_len, "chosen": fmt.response_len, "rejected": fmt.response_len}
+  batch = program_lib.tokens(par, batch_size, names)
+  if c.contrast_batch_size:
+    par.check_batch("rm.contrast_batch_size", c.contrast_batch_size)
+    batch.update({CONTRAST + k: v for k, v in
+                  program_lib.tokens(par, c.contrast_batch_size, names).items()})
+  return program_lib.Program(step, (state, batch), state, shardings, tx)
+
+
 def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[records.Comparison],
           val_comps: Sequence[records.Comparison], meta: dict) -> TrainState:
   """Trains (or resumes) the reward model in `<workdir>/rm/checkpoints`, with the batch size of
@@ -148,30 +179,22 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
   bs = meta["rm"]["batch_size"]
   steps = int(c.epochs * len(train_comps)) // bs
   par = exp.parallel
-  par.check_batch("rm.batch_size", bs)
   # A run shorter than its warm-up (a small round of labels) would never leave it, and one step
   # would train at learning rate 0: its last step reaches rm.lr.
-  warmup = min(c.warmup_steps, steps - 1)
-  if warmup < c.warmup_steps:
+  if warmup(c, steps) < c.warmup_steps:
     metrics_lib.info(f"rm: rm.warmup_steps {c.warmup_steps} is more than the run's {steps} "
-                     f"step{'s' * (steps != 1)}: warming up over {warmup}")
-  tx = optimizer.adamw({**c.to_dict(), "warmup_steps": warmup}, steps, exp.trainable("rm"))
+                     f"step{'s' * (steps != 1)}: warming up over {warmup(c, steps)}")
+  prog = program(exp, steps, bs)
   lora_key = jax.random.fold_in(jax.random.key(config.seed), 5)
 
   def make(sft_params):
     params = loaders.init_reward_model(exp, sft_params)
     backbone = lora.adapt(lora_key, params["backbone"], exp.lora, "rm")
-    return TrainState.create({**params, "backbone": backbone}, tx)
+    return TrainState.create({**params, "backbone": backbone}, prog.tx)
 
-  axes = loaders.reward_model_axes(exp)
-  axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
-  state, shardings = par.train_state(make, axes, tx, sft_params)
-  step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for("rm"), tx=tx,
-                                      contrast_weight=c.contrast_weight),
-                    (shardings, par.batch), (shardings, par.replicated), (0,))
+  state, step_fn = prog.init(make, sft_params), prog.step
   contrast_data = None
   if c.contrast_batch_size:
-    par.check_batch("rm.contrast_batch_size", c.contrast_batch_size)
     contrast_data = pipeline.encode_comparisons(exp.tokenizer, contrast_comparisons(exp),
                                                 fmt.prompt_len, fmt.response_len)
     metrics_lib.info(f"rm: {len(contrast_data['prompt'])} contrastive pairs from the "

@@ -32,6 +32,8 @@ from rlhfjax.data import pipeline
 from rlhfjax.models import policy
 from rlhfjax.models import sampling
 from rlhfjax.models.config import ModelConfig
+from rlhfjax.training import experiment
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 
@@ -106,8 +108,13 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   return state, {**stats, **update_stats}
 
 
+def program(exp: experiment.Experiment) -> program_lib.Program:
+  """RLOO's update step as `run` trains it (`online.program`)."""
+  return online.program(exp, "rloo", train_step,
+                        online.minibatch_updates_per_step(exp.config.rloo))
+
+
 def run(config, workdir: str) -> TrainState:
   c = config.rloo
   online.check_sampling("rloo", c, c.k, "the baseline leaves one sample out")
-  return online.run_policy(config, workdir, "rloo", train_step, c.k,
-                           online.minibatch_updates_per_step(c))
+  return online.run_policy(config, workdir, "rloo", program, c.k)

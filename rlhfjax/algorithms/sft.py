@@ -32,6 +32,7 @@ from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
 from rlhfjax.training import optimizer
+from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
 
@@ -55,6 +56,24 @@ def train_step(state: TrainState, batch: pipeline.Batch, rng: jax.Array, *, cfg:
   return state, {"train/loss": loss, "train/grad_norm": optax.tree.norm(grads)}
 
 
+def program(exp: experiment.Experiment, task: str = "sft") -> program_lib.Program:
+  """The update step `train(exp, task)` runs: config block `task`'s batch and AdamW schedule over
+  its `steps`, the model `loaders.model_kind(task)` with its adapters and remat policy."""
+  c, fmt, par = exp.config[task], exp.config.format, exp.parallel
+  par.check_batch(f"{task}.batch_size", c.batch_size)
+  kind = loaders.model_kind(task)
+  tx = optimizer.adamw(c, c.steps, exp.trainable(kind))
+  make = lambda k: TrainState.create(
+      lora.adapt(k, transformer.init(k, exp.model), exp.lora, kind), tx)
+  state, shardings = par.train_state(make, loaders.policy_axes(exp, task), tx, jax.random.key(0),
+                                     abstract=True)
+  step = par.jit(functools.partial(train_step, cfg=exp.model_for(kind), tx=tx),
+                 (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
+  batch = program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
+                                                 "response": fmt.response_len})
+  return program_lib.Program(step, (state, batch, program_lib.key(par)), state, shardings, tx)
+
+
 def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | None = None,
           init_params: Any = None) -> TrainState:
   """Trains (or resumes) supervised fine-tuning in `<workdir>/<task>` and returns the final state.
@@ -71,20 +90,17 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
                             plen, rlen)
   n_train = len(data["prompt"])
   par = exp.parallel
-  par.check_batch(f"{task}.batch_size", c.batch_size)
+  prog = program(exp, task)
   kind = loaders.model_kind(task)
-  tx = optimizer.adamw(c, c.steps, exp.trainable(kind))
   init_key, train_key = jax.random.split(jax.random.key(config.seed))
   lora_key = jax.random.fold_in(init_key, 1)
   adapt = lambda p: lora.adapt(lora_key, p, exp.lora, kind)
   if init_params is None:
-    make = lambda k: TrainState.create(adapt(transformer.init(k, exp.model)), tx)
-    args = (init_key,)
+    state = prog.init(lambda k: TrainState.create(adapt(transformer.init(k, exp.model)), prog.tx),
+                      init_key)
   else:  # A new buffer on the mesh: the trained tree never aliases `init_params`.
-    make, args = (lambda p: TrainState.create(adapt(p), tx)), (init_params,)
-  state, shardings = par.train_state(make, loaders.policy_axes(exp, task), tx, *args)
-  step_fn = par.jit(functools.partial(train_step, cfg=exp.model_for(kind), tx=tx),
-                    (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
+    state = prog.init(lambda p: TrainState.create(adapt(p), prog.tx), init_params)
+  step_fn = prog.step
   nll_fn = jax.jit(functools.partial(response_nll, cfg=exp.model))
 
   def validate(params) -> float:

@@ -75,7 +75,6 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import kto
-from rlhfjax.algorithms import online
 from rlhfjax.algorithms import ppo
 from rlhfjax.algorithms import reinforce_pp
 from rlhfjax.algorithms import reward_model
@@ -94,19 +93,30 @@ from rlhfjax.parallel.mesh import mesh_shape
 from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel import tpu
+from rlhfjax.stages import costs
 from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import metrics
-from rlhfjax.training import optimizer
-from rlhfjax.training.state import TrainState
-
+from rlhfjax.training.program import Program, key, shardings_of, tokens
 # XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
 _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# The schedule's length of the methods whose steps the data sets (rm, dpo, simpo, kto: epochs x
+# their pairs), which task=compile does not read: a constant of the program, it changes no shape,
+# byte or collective.
+DATA_STEPS = 1000
+# Each update step's builder (the one that trains it), called with the Experiment.
+PROGRAMS = {"sft": sft.program,
+            "rm": lambda exp: reward_model.program(exp, DATA_STEPS, exp.config.rm.batch_size),
+            "dpo": lambda exp: dpo.program(exp, "dpo", DATA_STEPS),
+            "simpo": lambda exp: dpo.program(exp, "simpo", DATA_STEPS),
+            "kto": lambda exp: kto.program(exp, DATA_STEPS), "ppo_update": ppo.program}
 # The critic-free online methods whose update (experience and minibatch passes) compiles as
-# `<task>_update`; dapo and gspo are grpo.py under their own blocks.
-CRITIC_FREE = {"rloo": rloo, "grpo": grpo, "dapo": grpo, "gspo": grpo, "dr_grpo": grpo, "reinforce_pp": reinforce_pp}
+# `<task>_update`; dapo, gspo and dr_grpo are grpo.py under their own blocks.
+CRITIC_FREE = {"rloo": rloo.program,
+               **{t: functools.partial(grpo.program, task=t) for t in ("grpo", "dapo", "gspo", "dr_grpo")},
+               "reinforce_pp": reinforce_pp.program}
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
@@ -160,49 +170,11 @@ def model_config(config: Any) -> ModelConfig:
 
 
 def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Experiment:
-  """The parts of an Experiment the algorithms' state templates read (no data, no tokenizer): the
-  model, the mesh and the `lora` block, so each step holds the adapters and optimizer state a run
-  of this config trains with."""
+  """The Experiment the builders read, without data or a tokenizer: the model, the mesh and the
+  `lora` block, so each step holds the adapters and optimizer state a run of this config trains
+  with (the eos ids: `Experiment.eos_ids`, read from the config as the run would)."""
   return experiment.Experiment(config, "", {}, None, cfg, par, "",
                                lora.from_config(config.get("lora")))
-
-
-def _key(par: Parallel) -> jax.ShapeDtypeStruct:
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=par.replicated)
-
-
-def _policy_state(exp: experiment.Experiment, cfg: ModelConfig, par: Parallel,
-                  tx: Any, role: str) -> tuple[TrainState, Any]:
-  """The abstract train state of a policy trained as `role` (of lora.MODELS), with the adapters
-  and the optimizer state the `lora` block gives it, and its shardings."""
-  make = lambda k: TrainState.create(lora.adapt(k, transformer.init(k, cfg), exp.lora, role), tx)
-  return par.train_state(make, lora.model_axes(transformer.param_axes(cfg), exp.lora, role), tx,
-                         jax.random.key(0), abstract=True)
-
-
-def _tokens(par: Parallel, batch: int, names: dict[str, int]) -> dict[str, jax.ShapeDtypeStruct]:
-  """Abstract token batches `name: [batch, length]` with their masks, split over the data axes."""
-  out = {}
-  for name, length in names.items():
-    out[name] = jax.ShapeDtypeStruct((batch, length), jnp.int32, sharding=par.batch)
-    out[f"{name}_mask"] = jax.ShapeDtypeStruct((batch, length), jnp.bool_, sharding=par.batch)
-  return out
-
-
-def _frozen(par: Parallel, tree: Any, dtype: str) -> Any:
-  """Abstract frozen parameters as `ppo.frozen` casts them, on their shardings."""
-  return par.abstract(jax.eval_shape(lambda t: ppo.frozen(t, dtype), tree),
-                      jax.tree.map(lambda x: x.sharding, tree))
-
-
-def _per_chip(tree: Any) -> int:
-  """Bytes of an abstract sharded tree on one chip."""
-  total = 0
-  for x in jax.tree.leaves(tree):
-    shard = x.sharding.shard_shape(x.shape)
-    total += math.prod(shard) * x.dtype.itemsize
-  return total
 
 
 def _shape_bytes(text: str) -> float:
@@ -306,167 +278,88 @@ def collectives(hlo: str, devices: int = 1) -> dict:
   return {"ops": out, "received": received}
 
 
-def _recomputed(cfg: ModelConfig, batch: int, tokens: int) -> float:
-  """FLOPs the backward pass of one training pass over `batch` sequences of `tokens` recomputes
-  under `cfg.remat`: every layer's forward ("full"), only the attention score matmuls ("dots",
-  "offload": batched over heads, they are not among the saved matmul outputs; element-wise work
-  is not counted), nothing ("none"). The LM head lies outside the rematerialised layers."""
-  if cfg.remat == "none":
-    return 0.0
-  layers = flops.forward(cfg, batch, tokens, logit_tokens=0)
-  if cfg.remat == "full":
-    return layers
-  return layers - 2 * batch * tokens * cfg.n_layers * flops.layer_matmul_params(cfg)
-
-
 def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = STEPS, *,
           fast_domain: int = 1, hbm_usable: float | None = None) -> list[Step]:
-  """The pipeline's steps for `cfg` on `par`'s mesh, with abstract arguments. The rollout's
-  (prefill, decode and the copy into its layout) run in the layout `rollout.choose` picks for a
-  slice whose `fast_domain` chips share the fast interconnect, with `hbm_usable` bytes per chip
-  (None: unlimited)."""
-  fmt = config.format
-  p_len, r_len = fmt.prompt_len, fmt.response_len
-  seq = p_len + r_len
+  """The pipeline's steps for `cfg` on `par`'s mesh, with abstract arguments: each update step the
+  program its method's builder returns (what the run trains), with its cost (stages/costs.py).
+  The rollout's (prefill, decode and the copy into its layout) run in the layout `rollout.choose`
+  picks for a slice whose `fast_domain` chips share the fast interconnect, with `hbm_usable` bytes
+  per chip (None: unlimited)."""
   exp = _experiment(config, cfg, par)
-  key = _key(par)
-  likelihood = bool(config.rm.likelihood_weight)
-  lm_rm = r_len if likelihood else 0  # The reward model takes logits only with its likelihood term.
-  frozen = config.ppo.frozen_dtype
-  rm_params = loaders.reward_model_template(exp)
+  programs = {**PROGRAMS, **{f"{task}_update": fn for task, fn in CRITIC_FREE.items()}}
+  rollout_steps = {"ppo_prefill", "ppo_decode"} & set(names)
   out: list[Step] = []
-
-  def plan(batch: int, logit_tokens: int, tokens: int = seq, model: ModelConfig = cfg) -> dict:
-    return memory.plan(model, par.mesh, batch, tokens, logit_tokens=logit_tokens)
-
-  if "sft" in names:
-    c = config.sft
-    par.check_batch("sft.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, c.steps, exp.trainable("sft"))
-    state, sh = _policy_state(exp, cfg, par, tx, "sft")
-    trained = exp.model_for("sft")
-    fn = par.jit(functools.partial(sft.train_step, cfg=trained, tx=tx),
-                 (sh, par.batch, par.replicated), (sh, par.replicated), (0,))
-    f = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
-    out.append(Step("sft", fn, (state, _tokens(par, c.batch_size, {"prompt": p_len,
-                                                                    "response": r_len}), key),
-                    f, f + _recomputed(trained, c.batch_size, seq), c.batch_size * seq,
-                    {"policy": (3, True)}, plan(c.batch_size, r_len, model=trained)["train_step"]))
-  if "rm" in names:
-    c = config.rm
-    par.check_batch("rm.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000, exp.trainable("rm"))
-    axes = loaders.reward_model_axes(exp)
-    axes = {**axes, "backbone": lora.model_axes(axes["backbone"], exp.lora, "rm")}
-    adapt = lambda p: {**p, "backbone": lora.adapt(jax.random.key(0), p["backbone"], exp.lora,
-                                                   "rm")}
-    state, sh = par.train_state(lambda p: TrainState.create(adapt(p), tx), axes, tx, rm_params,
-                                abstract=True)
-    trained = exp.model_for("rm")
-    fn = par.jit(functools.partial(reward_model.train_step, cfg=trained, tx=tx), (sh, par.batch),
-                 (sh, par.replicated), (0,))
-    batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
-    f = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=lm_rm)
-    out.append(Step("rm", fn, (state, batch), f, f + _recomputed(trained, 2 * c.batch_size, seq),
-                    2 * c.batch_size * seq, {"reward": (3, True)},
-                    plan(2 * c.batch_size, lm_rm, model=trained)["train_step"]))
-  for task in ("dpo", "simpo"):  # One module, two config blocks; SimPO has no reference.
-    if task not in names:
+  for name, build in programs.items():
+    if name not in names and not (name == "ppo_update" and rollout_steps):
       continue
-    c = config[task]
-    par.check_batch(f"{task}.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000, exp.trainable("policy"))
-    state, sh = _policy_state(exp, cfg, par, tx, "policy")
-    trained = exp.model_for("policy")
-    with_ref = c.loss_type in dpo.REFERENCE_LOSSES
-    # A LoRA policy's reference is its own base (no tree of its own), as dpo.train runs it.
-    ref_tree = with_ref and not exp.lora.applies_to("policy")
-    fn = par.jit(functools.partial(dpo.train_step, cfg=trained, c=c, tx=tx),
-                 (sh, sh.params if ref_tree else None, par.batch), (sh, par.replicated), (0,))
-    batch = _tokens(par, c.batch_size, {"prompt": p_len, "chosen": r_len, "rejected": r_len})
-    train = flops.training(cfg, 2 * c.batch_size, seq, logit_tokens=r_len)
-    ref = flops.forward(cfg, 2 * c.batch_size, seq, logit_tokens=r_len) if with_ref else 0.0
-    passes = {"policy": (3, True), **({"reference": (1, False)} if with_ref else {})}
-    out.append(Step(task, fn, (state, state.params if ref_tree else None, batch), train + ref,
-                    train + ref + _recomputed(trained, 2 * c.batch_size, seq),
-                    2 * c.batch_size * seq, passes,
-                    plan(2 * c.batch_size, r_len, model=trained)["train_step"]
-                    + (_per_chip(state.params) if ref_tree else 0)))
-  if "kto" in names:  # The policy trains on the matched rows; both models read the mismatched.
-    c = config.kto
-    par.check_batch("kto.batch_size", c.batch_size)
-    tx = optimizer.adamw(c, 1000, exp.trainable("policy"))
-    state, sh = _policy_state(exp, cfg, par, tx, "policy")
-    trained = exp.model_for("policy")
-    ref_tree = not exp.lora.applies_to("policy")
-    fn = par.jit(functools.partial(kto.train_step, cfg=trained, c=c, tx=tx),
-                 (sh, sh.params if ref_tree else None, par.batch), (sh, par.replicated), (0,))
-    batch = {**_tokens(par, c.batch_size, {"prompt": p_len, "response": r_len}),
-             "label": jax.ShapeDtypeStruct((c.batch_size,), jnp.bool_, sharding=par.batch)}
-    train = flops.training(cfg, c.batch_size, seq, logit_tokens=r_len)
-    forwards = flops.forward(cfg, 3 * c.batch_size, seq, logit_tokens=r_len)
-    out.append(Step("kto", fn, (state, state.params if ref_tree else None, batch),
-                    train + forwards, train + forwards + _recomputed(trained, c.batch_size, seq),
-                    2 * c.batch_size * seq, {"policy": (4, True), "reference": (1, False)},
-                    plan(c.batch_size, r_len, model=trained)["train_step"]
-                    + (_per_chip(state.params) if ref_tree else 0)))
+    prog = build(exp)
+    if name == "ppo_update" and rollout_steps:
+      out += _rollout(exp, prog, rollout_steps, fast_domain, hbm_usable)
+    if name in names:
+      cost = costs.COSTS.get(name) or costs.online_update(name.removesuffix("_update"))
+      out.append(Step(name, prog.step, prog.args, **cost(exp, prog)))
+  if "best_of_n_score" in names:
+    b, lm_rm = config.rm.eval_batch_size, config.format.response_len * bool(config.rm.likelihood_weight)
+    par.check_batch("rm.eval_batch_size", b)
+    rm_params = loaders.reward_model_template(exp)
+    fn = par.jit(functools.partial(reward_model.score, cfg=cfg), (shardings_of(rm_params), par.batch),
+                 par.batch)
+    seq = config.format.prompt_len + config.format.response_len
+    f = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
+    batch = tokens(par, b, {"prompt": config.format.prompt_len, "response": config.format.response_len})
+    out.append(Step("best_of_n_score", fn, (rm_params, batch), f, f, b * seq, {"reward": (1, False)},
+                    memory.plan(cfg, par.mesh, b, seq, logit_tokens=lm_rm)["forward_step"]))
+  return out
 
-  c = config.ppo
-  ppo_names = {"ppo_prefill", "ppo_decode", "ppo_update"} & set(names)
-  if ppo_names:
-    ppo.check_config(c)
-    par.check_batch("ppo.rollout_batch", c.rollout_batch)
-    tx = ppo.adamw(c, exp.trainable("policy", "value"))
-    policy_abstract = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
-    state, sh = par.train_state(functools.partial(ppo.init_state, exp, lcfg=exp.lora),
-                                ppo.param_axes(cfg, c.value_model, exp.lora), tx, policy_abstract,
-                                rm_params, abstract=True)
-    trunk = c.value_model == "policy_trunk"  # The value head reads the policy's hidden states.
-    # A LoRA policy's reference is its own base, adapters off (ppo.train): no tree of its own.
-    ref = (None if exp.lora.applies_to("policy")
-           else _frozen(par, state.params["policy"], frozen))
-    reward = _frozen(par, rm_params, frozen)
-    b = c.rollout_batch
-    everything = _per_chip((state, ref, reward))
-  if "ppo_prefill" in ppo_names or "ppo_decode" in ppo_names:
-    # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
-    layout = rollout.choose(config.get("rollout", {}), cfg, dict(par.mesh.shape), platform="tpu",
-                            fast_domain=fast_domain, rows=b, length=seq,
-                            free_bytes=None if hbm_usable is None else hbm_usable - everything)
-    rpar = Parallel(rollout.mesh(layout, par.mesh))
-    trainer = state.params["policy"]
-    cast = functools.partial(rollout.cast, dtype=layout.dtype)
-    policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
-    policy = rpar.abstract(jax.eval_shape(cast, trainer),
-                           rollout.shardings(policy_axes, trainer, rpar.mesh))
-    policy_sh = jax.tree.map(lambda x: x.sharding, policy)
-    # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
-    same = all(a.dtype == r.dtype and a.sharding == r.sharding
-               for a, r in zip(jax.tree.leaves(trainer), jax.tree.leaves(policy)))
-    resident = everything - (_per_chip(trainer) if same else 0)
-    where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
-    cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
-    cache_sh = _cache_shardings(rpar, cache)
-    logits_sh = NamedSharding(rpar.mesh, sharding_rules.spec(("batch", "vocab"),
-                                                             (b, cfg.vocab_size), rpar.mesh))
-    if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
-      fn = jax.jit(cast, in_shardings=(sh.params["policy"],), out_shardings=policy_sh)
-      out.append(Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, _per_chip(policy), everything,
-                      rpar.mesh, where))
-  if "ppo_prefill" in ppo_names:
+
+def _rollout(exp: experiment.Experiment, prog: Program, names: set[str], fast_domain: int,
+             hbm_usable: float | None) -> list[Step]:
+  """PPO's rollout steps (those of `names`: prefill, decode; and the copy into the rollout layout)
+  beside what stays resident: PPO's training state and frozen models (`prog`'s arguments)."""
+  config, cfg, par = exp.config, exp.model, exp.parallel
+  p_len, r_len = config.format.prompt_len, config.format.response_len
+  seq, b, out = p_len + r_len, config.ppo.rollout_batch, []
+  everything = costs.per_chip(prog.args[:3])
+  plan = lambda batch, logit_tokens, length=seq: memory.plan(cfg, par.mesh, batch, length,
+                                                             logit_tokens=logit_tokens)
+  # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
+  layout = rollout.choose(config.get("rollout", {}), cfg, dict(par.mesh.shape), platform="tpu",
+                          fast_domain=fast_domain, rows=b, length=seq,
+                          free_bytes=None if hbm_usable is None else hbm_usable - everything)
+  rpar = Parallel(rollout.mesh(layout, par.mesh))
+  trainer = prog.args[0].params["policy"]
+  cast = functools.partial(rollout.cast, dtype=layout.dtype)
+  policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
+  policy = rpar.abstract(jax.eval_shape(cast, trainer),
+                         rollout.shardings(policy_axes, trainer, rpar.mesh))
+  policy_sh = shardings_of(policy)
+  # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
+  same = all(a.dtype == r.dtype and a.sharding == r.sharding
+             for a, r in zip(jax.tree.leaves(trainer), jax.tree.leaves(policy)))
+  resident = everything - (costs.per_chip(trainer) if same else 0)
+  where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
+  cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
+  cache_sh = _cache_shardings(rpar, cache)
+  logits_sh = NamedSharding(rpar.mesh, sharding_rules.spec(("batch", "vocab"),
+                                                           (b, cfg.vocab_size), rpar.mesh))
+  if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
+    fn = jax.jit(cast, in_shardings=(prog.shardings.params["policy"],), out_shardings=policy_sh)
+    out.append(Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, costs.per_chip(policy), everything,
+                    rpar.mesh, where))
+  if "ppo_prefill" in names:
     fn = rpar.jit(functools.partial(sampling.prefill, cfg=cfg, max_new_tokens=r_len),
                   (policy_sh, rpar.batch, rpar.batch), (cache_sh, logits_sh))
-    prompts = _tokens(rpar, b, {"prompt": p_len})
+    prompts = tokens(rpar, b, {"prompt": p_len})
     f = flops.forward(cfg, b, p_len, logit_tokens=1)
     # The prompt's keys and values of every layer, then the padded cache built from them.
     planned = plan(b, 1, p_len)["forward_step"] + 2 * plan(b, 1)["kv_cache"]
     out.append(Step("ppo_prefill", fn, (policy, prompts["prompt"], prompts["prompt_mask"]), f, f,
                     b * p_len, {"policy": (1, False)}, planned, resident, rpar.mesh, where))
-  if "ppo_decode" in ppo_names:
-    # Token ids only enter as values: any eos/pad compiles to the same program. The step of the
-    # last cache block: it reads the most slots (the worst case; `whole_ppo` scales the others).
-    scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=2, pad_id=0,
-                                   temperature=c.temperature)
+  if "ppo_decode" in names:
+    # The run's eos ids (pad ids only enter as values: any compiles to the same program). The
+    # step of the last cache block: it reads the most slots (the worst case; `whole_ppo` scales the others).
+    scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=exp.eos_ids, pad_id=0,
+                                   temperature=config.ppo.temperature)
     read = 0  # The last block reads every slot (sampling.blocks).
     rows = NamedSharding(rpar.mesh, sharding_rules.spec(("batch",), (b,), rpar.mesh))
     fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len,
@@ -477,88 +370,18 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     kv = rpar.abstract(cache, cache_sh)
     logits = abstract((b, cfg.vocab_size), jnp.float32, logits_sh)
     args = (policy, kv, logits, abstract((b,), jnp.bool_, rows),
-            abstract((), jnp.int32, rpar.replicated), _key(rpar),
+            abstract((), jnp.int32, rpar.replicated), key(rpar),
             abstract((b,), jnp.int32, rows))
     f = flops.forward(cfg, b, 1, keys=read or seq)
     planned = plan(b, 1)
     # Weights as the matmuls read them; under fsdp they are gathered, written and read again.
     weights = rollout.weight_bytes(cfg, layout.tensor, cfg.dtype)
-    kv_slot = _per_chip({"k": kv["k"], "v": kv["v"]}) / seq
-    hbm = (_per_chip(policy) + (2 * weights if layout.fsdp > 1 else 0)
-           + kv_slot * ((read or seq) + 1) + 2 * _per_chip(logits))
+    kv_slot = costs.per_chip({"k": kv["k"], "v": kv["v"]}) / seq
+    hbm = (costs.per_chip(policy) + (2 * weights if layout.fsdp > 1 else 0)
+           + kv_slot * ((read or seq) + 1) + 2 * costs.per_chip(logits))
     out.append(Step("ppo_decode", fn, args, f, f, b, {"policy": (1, False)},
                     planned["params"] + planned["kv_cache"], resident, rpar.mesh, where,
                     weights, kv_slot, read or seq, hbm))
-  if "ppo_update" in ppo_names:
-    policy_cfg, value_cfg = exp.model_for("policy"), exp.model_for("value")
-    fn = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
-                                   value_cfg=value_cfg),
-                 (sh, None if ref is None else jax.tree.map(lambda x: x.sharding, ref),
-                  jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
-                 (sh, par.replicated), (0,))
-    batch = _tokens(par, b, {"prompt": p_len, "response": r_len})
-    # Experience: policy, reference, value and reward forward; then `epochs` passes of policy and
-    # value training over the whole rollout.
-    policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
-    value_fwd = 0.0 if trunk else flops.forward(cfg, b, seq, logit_tokens=0)
-    reward_fwd = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
-    train = c.epochs * 3 * (policy_fwd + value_fwd)
-    f = 2 * policy_fwd + value_fwd + reward_fwd + train
-    # Policy and value (one backbone with the trunk option) with their optimizer state, the frozen
-    # models, and the larger of the experience's forward passes over the rollout and a
-    # minibatch's training.
-    update, experience = plan(c.minibatch_size, r_len, model=policy_cfg), plan(b, r_len)
-    planned = ((1 if trunk else 2) * (update["train_step"] - update["activations"])
-               + _per_chip((ref, reward))
-               + max(update["activations"], experience["forward_step"] - experience["params"]))
-    passes = {"policy": (1 + 3 * c.epochs, True), "reference": (1, False), "reward": (1, False)}
-    if not trunk:
-      passes["value"] = (1 + 3 * c.epochs, True)
-    recomputed = c.epochs * (_recomputed(policy_cfg, b, seq)
-                             + (0.0 if trunk else _recomputed(value_cfg, b, seq)))
-    out.append(Step("ppo_update", fn, (state, ref, reward, batch, key), f, f + recomputed,
-                    b * seq * (1 + c.epochs), passes, planned))
-  for task, module in CRITIC_FREE.items():
-    if f"{task}_update" not in names:
-      continue
-    c = config[task]
-    par.check_batch(f"{task}.rollout_batch", c.rollout_batch)
-    b = c.rollout_batch
-    tx = online.adamw(c, online.minibatch_updates_per_step(c), exp.trainable("policy"))
-    policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
-    state, sh = par.train_state(
-        lambda k: TrainState.create(
-            {"policy": lora.adapt(k, transformer.init(k, cfg), exp.lora, "policy")}, tx),
-        {"policy": policy_axes}, tx, jax.random.key(0), abstract=True)
-    policy_cfg = exp.model_for("policy")
-    # A LoRA policy's reference is its own base (online.train): no tree of its own.
-    ref = None if exp.lora.applies_to("policy") else state.params["policy"]
-    ref_sh = None if ref is None else sh.params["policy"]
-    rm_sh = jax.tree.map(lambda x: x.sharding, rm_params)
-    fn = par.jit(functools.partial(module.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2),
-                 (sh, ref_sh, rm_sh, par.batch, par.replicated), (sh, par.replicated), (0,))
-    batch = {**_tokens(par, b, {"prompt": p_len, "response": r_len}),
-             "sampler_logprobs": jax.ShapeDtypeStruct((b, r_len), jnp.float32, sharding=par.batch)}
-    # Experience: policy, reference and reward forward over the rollout; then `epochs` passes of
-    # policy training over it (each prompt counted once per row: an upper bound with share_prompt).
-    policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r_len)
-    f = 2 * policy_fwd + flops.forward(cfg, b, seq, logit_tokens=lm_rm) + c.epochs * 3 * policy_fwd
-    update, experience = plan(c.minibatch_size, r_len, model=policy_cfg), plan(b, r_len)
-    planned = (update["train_step"] - update["activations"] + _per_chip((ref, rm_params))
-               + max(update["activations"], experience["forward_step"] - experience["params"]))
-    out.append(Step(f"{task}_update", fn, (state, ref, rm_params, batch, key),
-                    f, f + c.epochs * _recomputed(policy_cfg, b, seq), b * seq * (1 + c.epochs),
-                    {"policy": (1 + 3 * c.epochs, True), "reference": (1, False),
-                     "reward": (1, False)}, planned))
-  if "best_of_n_score" in names:
-    b = config.rm.eval_batch_size
-    par.check_batch("rm.eval_batch_size", b)
-    rm_sh = jax.tree.map(lambda x: x.sharding, rm_params)
-    fn = par.jit(functools.partial(reward_model.score, cfg=cfg), (rm_sh, par.batch), par.batch)
-    f = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
-    out.append(Step("best_of_n_score", fn,
-                    (rm_params, _tokens(par, b, {"prompt": p_len, "response": r_len})), f, f,
-                    b * seq, {"reward": (1, False)}, plan(b, lm_rm)["forward_step"]))
   return out
 
 
@@ -610,7 +433,7 @@ def analyse(step: Step, cfg: ModelConfig, par: Parallel, chip: tpu.Chip, headroo
       raise
     error = str(e).strip().splitlines()[0]
     found = _OOM_TEMPS.search(error)
-    args, outs, alias = _per_chip(step.args), 0, 0
+    args, outs, alias = costs.per_chip(step.args), 0, 0
     temps = int(float(found.group(1)) * _UNITS[found.group(2)]) if found else 0
   seconds = time.perf_counter() - t0
   total = args + temps + outs - alias + step.resident

@@ -16,14 +16,12 @@ XLA's per-chip bytes for 34 of 40 steps of Llama 1B/8B/70B compiled for v5e, v5p
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from rlhfjax.algorithms import ppo
@@ -37,10 +35,7 @@ from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.training import experiment
-from rlhfjax.training import loaders
 from rlhfjax.training import metrics
-from rlhfjax.training import optimizer
-from rlhfjax.training.state import TrainState
 
 
 def _shard_fraction(axes: tuple, shape: tuple, mesh: Mesh) -> float:
@@ -193,21 +188,6 @@ def format_plan(rows: dict[str, dict]) -> str:
   return "\n".join(lines) + "\n\n(MiB per device)"
 
 
-def sft_step_lowered(cfg: ModelConfig, par: Any, c: Any, seq_len: int) -> Any:
-  """The SFT train step lowered on `par`'s mesh for abstract inputs (nothing is allocated)."""
-  tx = optimizer.adamw(c, c.steps)
-  state, shardings = par.train_state(lambda k: TrainState.create(transformer.init(k, cfg), tx),
-                                     transformer.param_axes(cfg), tx, jax.random.key(0),
-                                     abstract=True)
-  half = seq_len // 2
-  batch = {k: jax.ShapeDtypeStruct((c.batch_size, half), np.int32 if "mask" not in k else bool,
-                                   sharding=par.batch)
-           for k in ("prompt", "prompt_mask", "response", "response_mask")}
-  step = par.jit(functools.partial(sft.train_step, cfg=cfg, tx=tx),
-                 (shardings, par.batch, par.replicated), (shardings, par.replicated), (0,))
-  return step.lower(state, batch, jax.random.key(0))
-
-
 def per_device_bytes(tree: Any) -> int:
   """Bytes one device holds of a tree of sharded arrays or ShapeDtypeStructs (the largest shard)."""
   def one(x):
@@ -223,29 +203,9 @@ def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
   (arguments: all of those plus the batch; temporaries: gradients, activations)."""
   lcfg = dataclasses.replace(lora.from_config(config.get("lora")), rank=rank,
                              models=("policy", "value"))
-  exp = experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg)
-  c = config.ppo
-  state = ppo._state_template(exp)  # pylint: disable=protected-access
-  reward = loaders.reward_model_template(exp)
-  ref = None if rank else ppo.frozen(state.params["policy"], c.frozen_dtype)
-  if ref is not None:  # A separate frozen copy, laid out like the policy.
-    ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),
-                       ref, state.params["policy"])
-  tx = ppo.adamw(c, exp.trainable("policy", "value"))
-  b, p_len, r_len = c.rollout_batch, config.format.prompt_len, config.format.response_len
-  batch = {k: jax.ShapeDtypeStruct((b, n), np.int32 if "mask" not in k else bool,
-                                   sharding=par.batch)
-           for k, n in (("prompt", p_len), ("prompt_mask", p_len), ("response", r_len),
-                        ("response_mask", r_len))}
-  shardings = jax.tree.map(lambda x: x.sharding, state)
-  policy_cfg, value_cfg = (dataclasses.replace(exp.model_for(r), dropout=0.0)
-                           for r in ("policy", "value"))
-  step = par.jit(functools.partial(ppo.train_step, cfg=policy_cfg, c=c, tx=tx, eos_id=2,
-                                   value_cfg=value_cfg),
-                 (shardings, None if ref is None else shardings.params["policy"],
-                  jax.tree.map(lambda x: x.sharding, reward), par.batch, par.replicated),
-                 (shardings, par.replicated), (0,))
-  xla = xla_step_bytes(step.lower(state, ref, reward, batch, jax.random.key(0)))
+  prog = ppo.program(experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg))
+  state, ref, reward = prog.args[:3]
+  xla = xla_step_bytes(prog.lower())
   trained, total = lora.count(state.params)
   out = {"lora_rank": rank, "trained_params": trained, "params": total,
          "policy_and_value": per_device_bytes(state.params),
@@ -278,7 +238,8 @@ def run(config: Any, workdir: str) -> dict:
   par = Parallel.from_config(config.mesh)
   seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len
   rm_logits = r_len if config.rm.likelihood_weight else 0
-  exp = experiment.Experiment(config, "", {}, None, cfg, par)
+  exp = experiment.Experiment(config, "", {}, None, cfg, par, "",
+                              lora.from_config(config.get("lora")))
   # Each trained model's step: (step, batch, logit tokens); PPO's minibatch for the policy and a
   # value model of its own.
   trained = {"sft": ("sft step", config.sft.batch_size, r_len),
@@ -295,7 +256,7 @@ def run(config: Any, workdir: str) -> dict:
                            logit_tokens=rm_logits),
            "ppo rollout": plan(exp.model_for("policy"), par.mesh, config.ppo.minibatch_size, seq,
                                config.ppo.rollout_batch, logit_tokens=r_len)}
-  xla = xla_step_bytes(sft_step_lowered(exp.model_for("sft"), par, config.sft, seq))
+  xla = xla_step_bytes(sft.program(exp).lower())
   sft_plan = plans["sft step"]
   rank = config.lora.rank if config.get("lora") and config.lora.rank else 8
   ppo_rows = {"full": ppo_held(config, par, cfg, 0),

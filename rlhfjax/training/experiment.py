@@ -42,6 +42,12 @@ class Experiment:
   # The rollout layouts chosen so far, by batch rows (rollout/engine.py: rollout_layout).
   rollouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+  @property
+  def eos_ids(self) -> Any:
+    """The ids that end a response: the run's tokenizer's, or, where a task builds no tokenizer
+    (task=compile, task=memory), those `eos_ids` reads from the config as a run would find them."""
+    return eos_ids(self.config) if self.tokenizer is None else self.tokenizer.eos_ids
+
   def task_dir(self, task: str) -> str:
     path = os.path.join(self.workdir, task)
     os.makedirs(path, exist_ok=True)
@@ -113,6 +119,19 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
   return Experiment(config, workdir, splits, tok, model, parallel, init_from,
                     lora.from_config(config.get("lora")))
+
+
+def eos_ids(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+  """The eos ids of the tokenizer `prepare` would load for `config`, without its data: a
+  pretrained `init_from`'s, `tokenizer.path`'s, or the id the project's own tokenizer is trained
+  with (tokenizer.EOS_ID)."""
+  init_from = config.model.get("init_from")
+  if init_from:
+    return tuple(pretrained.tokenizer(pretrained.resolve(init_from),
+                                      chat=bool(config.format.get("chat", False))).eos_ids)
+  if config.tokenizer.path:
+    return tuple(tokenizer_lib.load(config.tokenizer.path).eos_ids)
+  return (tokenizer_lib.EOS_ID,)
 
 
 def check_files(config: ml_collections.ConfigDict) -> None:

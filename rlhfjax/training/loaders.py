@@ -10,7 +10,7 @@ checkpoints restore into the same layout.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -42,14 +42,21 @@ def policy_axes(exp: experiment.Experiment, task: str) -> dict:
   return lora.model_axes(transformer.param_axes(exp.model), exp.lora, model_kind(task))
 
 
-def policy_state(exp: experiment.Experiment, tx: optax.GradientTransformation, init_params: Any,
-                 model: str = "policy") -> tuple[TrainState, Any]:
-  """(state, shardings) of a policy trained from `init_params` (a new buffer on the mesh, never
-  aliasing them), with fresh adapters if `lora` applies to `model`."""
+def policy_init(exp: experiment.Experiment, tx: optax.GradientTransformation,
+                model: str = "policy") -> Callable[[Any], TrainState]:
+  """`make(init_params)`: the train state of a policy trained from `init_params` (a new buffer on
+  the mesh when jitted, never aliasing them), with fresh adapters if `lora` applies to `model`."""
   key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
-  make = lambda p: TrainState.create(lora.adapt(key, p, exp.lora, model), tx)
+  return lambda p: TrainState.create(lora.adapt(key, p, exp.lora, model), tx)
+
+
+def policy_template(exp: experiment.Experiment, tx: optax.GradientTransformation,
+                    model: str = "policy") -> tuple[TrainState, Any]:
+  """(abstract state, shardings) of `policy_init`'s state on this run's mesh: a method's
+  program and restore target."""
   axes = lora.model_axes(transformer.param_axes(exp.model), exp.lora, model)
-  return exp.parallel.train_state(make, axes, tx, init_params)
+  shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), exp.model))
+  return exp.parallel.train_state(policy_init(exp, tx, model), axes, tx, shapes, abstract=True)
 
 
 def _policy_template(exp: experiment.Experiment, task: str, steps: int) -> TrainState:

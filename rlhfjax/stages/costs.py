@@ -1,0 +1,121 @@
+"""What each method's update step computes, for task=compile's rows: model FLOPs (analytic, the
+whole slice), hardware FLOPs (plus what the trained models' remat policies recompute), the tokens
+it processes, the passes over each model's weights and the planner's per-chip bytes. The step
+itself, its arguments and its state come from the method's builder (`program(exp)`); this is the
+arithmetic beside it, one function per step, looked up in `COSTS`."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+
+from rlhfjax.algorithms import dpo
+from rlhfjax.models.config import ModelConfig
+from rlhfjax.models import flops
+from rlhfjax.stages import memory
+from rlhfjax.training import experiment
+from rlhfjax.training.program import Program
+
+
+def per_chip(tree: Any) -> int:
+  """Bytes of an abstract sharded tree on one chip (None: 0)."""
+  return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+             for x in jax.tree.leaves(tree))
+
+
+def recomputed(cfg: ModelConfig, batch: int, tokens: int) -> float:
+  """FLOPs the backward pass of one training pass over `batch` sequences of `tokens` recomputes
+  under `cfg.remat`: every layer's forward ("full"), only the attention score matmuls ("dots",
+  "offload": batched over heads, they are not among the saved matmul outputs; element-wise work
+  is not counted), nothing ("none"). The LM head lies outside the rematerialised layers."""
+  if cfg.remat == "none":
+    return 0.0
+  layers = flops.forward(cfg, batch, tokens, logit_tokens=0)
+  if cfg.remat == "full":
+    return layers
+  return layers - 2 * batch * tokens * cfg.n_layers * flops.layer_matmul_params(cfg)
+
+
+def _shape(exp: experiment.Experiment) -> tuple[int, int, int, int]:
+  """(prompt, response, sequence length, logit tokens of the reward model: only with its
+  likelihood term)."""
+  p, r = exp.config.format.prompt_len, exp.config.format.response_len
+  return p, r, p + r, r if exp.config.rm.likelihood_weight else 0
+
+
+def _plan(exp: experiment.Experiment, role: str, batch: int, logit_tokens: int) -> dict:
+  return memory.plan(exp.model_for(role), exp.parallel.mesh, batch, _shape(exp)[2],
+                     logit_tokens=logit_tokens)
+
+
+def _trained(exp: experiment.Experiment, role: str, batch: int, logit_tokens: int,
+             passes: dict, forwards: float = 0.0, held: int = 0) -> dict:
+  """One training pass of `role` over `batch` sequences plus `forwards` FLOPs of frozen passes,
+  and `held` bytes of frozen trees beside the plan's training step."""
+  seq = _shape(exp)[2]
+  f = flops.training(exp.model, batch, seq, logit_tokens=logit_tokens) + forwards
+  return {"model_flops": f, "hardware_flops": f + recomputed(exp.model_for(role), batch, seq),
+          "tokens": batch * seq, "weight_passes": passes,
+          "plan_bytes": _plan(exp, role, batch, logit_tokens)["train_step"] + held}
+
+
+def sft(exp: experiment.Experiment, prog: Program) -> dict:
+  return _trained(exp, "sft", exp.config.sft.batch_size, _shape(exp)[1], {"policy": (3, True)})
+
+
+def rm(exp: experiment.Experiment, prog: Program) -> dict:
+  return _trained(exp, "rm", 2 * exp.config.rm.batch_size, _shape(exp)[3], {"reward": (3, True)})
+
+
+def preference(task: str) -> Callable[[experiment.Experiment, Program], dict]:
+  """DPO or SimPO (one module, two blocks): chosen and rejected through the policy, and through
+  the reference where the loss reads one."""
+  def cost(exp: experiment.Experiment, prog: Program) -> dict:
+    c, (_, r, seq, _) = exp.config[task], _shape(exp)
+    with_ref = c.loss_type in dpo.REFERENCE_LOSSES
+    ref = flops.forward(exp.model, 2 * c.batch_size, seq, logit_tokens=r) if with_ref else 0.0
+    passes = {"policy": (3, True), **({"reference": (1, False)} if with_ref else {})}
+    return _trained(exp, "policy", 2 * c.batch_size, r, passes, ref, per_chip(prog.args[1]))
+  return cost
+
+
+def kto(exp: experiment.Experiment, prog: Program) -> dict:
+  """The policy trains on the matched rows; both models read the mismatched."""
+  b, (_, r, seq, _) = exp.config.kto.batch_size, _shape(exp)
+  out = _trained(exp, "policy", b, r, {"policy": (4, True), "reference": (1, False)},
+                 flops.forward(exp.model, 3 * b, seq, logit_tokens=r), per_chip(prog.args[1]))
+  return {**out, "tokens": 2 * b * seq}
+
+
+def online_update(task: str) -> Callable[[experiment.Experiment, Program], dict]:
+  """PPO or a critic-free method: experience (policy, reference, value and reward forward over the
+  rollout), then `epochs` passes of policy (and value) training over it (each prompt counted once
+  per row: an upper bound with share_prompt). Planned: the trained models with their optimizer
+  state, the frozen trees, and the larger of the experience's forwards and a minibatch's
+  training."""
+  def cost(exp: experiment.Experiment, prog: Program) -> dict:
+    c, cfg, (_, r, seq, lm_rm) = exp.config[task], exp.model, _shape(exp)
+    b, trunk = c.rollout_batch, task != "ppo" or c.value_model == "policy_trunk"
+    policy_fwd = flops.forward(cfg, b, seq, logit_tokens=r)
+    value_fwd = 0.0 if trunk else flops.forward(cfg, b, seq, logit_tokens=0)
+    f = (2 * policy_fwd + value_fwd + flops.forward(cfg, b, seq, logit_tokens=lm_rm)
+         + c.epochs * 3 * (policy_fwd + value_fwd))
+    roles = ("policy",) if trunk else ("policy", "value")
+    hardware = f + c.epochs * sum(recomputed(exp.model_for(m), b, seq) for m in roles)
+    update = _plan(exp, "policy", c.minibatch_size, r)
+    experience = memory.plan(cfg, exp.parallel.mesh, b, seq, logit_tokens=r)
+    planned = (len(roles) * (update["train_step"] - update["activations"])
+               + per_chip(prog.args[1:3])
+               + max(update["activations"], experience["forward_step"] - experience["params"]))
+    passes = {m: (1 + 3 * c.epochs, True) for m in roles}
+    return {"model_flops": f, "hardware_flops": hardware, "tokens": b * seq * (1 + c.epochs),
+            "weight_passes": {**passes, "reference": (1, False), "reward": (1, False)},
+            "plan_bytes": planned}
+  return cost
+
+
+# Step name -> its cost; the critic-free updates are `<task>_update` (compile.CRITIC_FREE).
+COSTS = {"sft": sft, "rm": rm, "dpo": preference("dpo"), "simpo": preference("simpo"),
+         "kto": kto, "ppo_update": online_update("ppo")}
