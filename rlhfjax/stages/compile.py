@@ -115,7 +115,8 @@ PROGRAMS = {"sft": sft.program,
 # The critic-free online methods whose update (experience and minibatch passes) compiles as
 # `<task>_update`; dapo, gspo and dr_grpo are grpo.py under their own blocks.
 CRITIC_FREE = {"rloo": rloo.program,
-               **{t: functools.partial(grpo.program, task=t) for t in ("grpo", "dapo", "gspo", "dr_grpo")},
+               **{t: functools.partial(grpo.program, task=t)
+                  for t in ("grpo", "dapo", "gspo", "dr_grpo")},
                "reinforce_pp": reinforce_pp.program}
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
@@ -298,16 +299,17 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
     if name in names:
       cost = costs.COSTS.get(name) or costs.online_update(name.removesuffix("_update"))
       out.append(Step(name, prog.step, prog.args, **cost(exp, prog)))
-  if "best_of_n_score" in names:
-    b, lm_rm = config.rm.eval_batch_size, config.format.response_len * bool(config.rm.likelihood_weight)
+  if "best_of_n_score" in names:  # The reward model's scoring (no update step, no builder).
+    fmt, b = config.format, config.rm.eval_batch_size
+    seq, lm_rm = fmt.prompt_len + fmt.response_len, fmt.response_len * bool(config.rm.likelihood_weight)
     par.check_batch("rm.eval_batch_size", b)
     rm_params = loaders.reward_model_template(exp)
-    fn = par.jit(functools.partial(reward_model.score, cfg=cfg), (shardings_of(rm_params), par.batch),
-                 par.batch)
-    seq = config.format.prompt_len + config.format.response_len
+    fn = par.jit(functools.partial(reward_model.score, cfg=cfg),
+                 (shardings_of(rm_params), par.batch), par.batch)
     f = flops.forward(cfg, b, seq, logit_tokens=lm_rm)
-    batch = tokens(par, b, {"prompt": config.format.prompt_len, "response": config.format.response_len})
-    out.append(Step("best_of_n_score", fn, (rm_params, batch), f, f, b * seq, {"reward": (1, False)},
+    batch = tokens(par, b, {"prompt": fmt.prompt_len, "response": fmt.response_len})
+    out.append(Step("best_of_n_score", fn, (rm_params, batch), f, f, b * seq,
+                    {"reward": (1, False)},
                     memory.plan(cfg, par.mesh, b, seq, logit_tokens=lm_rm)["forward_step"]))
   return out
 
