@@ -16,9 +16,11 @@ less the training state and the frozen models as the room it has; `rollout_resha
 the policy into it, once per iteration (cast and resharding compiled as one program; none with
 `rollout.mesh='train'`, which samples from the trainer's layout and float32 weights). The decode
 step is the one of the last cache block (`rollout.cache_block`): it reads the most cache slots.
-Each step holds what a run of the config trains: with a `lora` block, the adapters and their AdamW
-moments beside the frozen base, and no reference tree where the policy's own base is the reference
-(the planner's `plan` and the analytic FLOPs still count full fine-tuning). One row per step:
+Each update step is its method's builder's program (`program(exp)`, the one its training loop
+runs: docs/design.md, "One program per method"), so it holds what a run of the config trains:
+with a `lora` block, the adapters and their AdamW moments beside the frozen base, and no
+reference tree where the policy's own base is the reference; and the run's eos ids (the
+planner's `plan` and the analytic FLOPs still count full fine-tuning). One row per step:
 
 - per-chip bytes from XLA's `memory_analysis()`: arguments, temporaries, outputs (less what is
   donated), plus what stays resident in HBM while the step runs without being its argument (during
