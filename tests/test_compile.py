@@ -18,6 +18,7 @@ from rlhfjax.algorithms import sft
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import flops, transformer
+from rlhfjax.parallel import hlo
 from rlhfjax.parallel import tpu
 from rlhfjax.stages import compile as compile_task
 from rlhfjax.stages import costs
@@ -191,7 +192,7 @@ def test_collectives_are_counted_from_hlo_text():
   """Async pairs once (bytes from the -done), one channel copied into two fusions once, a while
   body times its trip count (XLA's, or the bound in its condition), tuples every element; bytes
   received by ring algorithms."""
-  hlo = """HloModule m, entry_computation_layout={(f32[1024]{0})->f32[1024]{0}}
+  text = """HloModule m, entry_computation_layout={(f32[1024]{0})->f32[1024]{0}}
 
 %add (a: f32[], b: f32[]) -> f32[] {
   ROOT %s = f32[] add(f32[] %a, f32[] %b)
@@ -233,7 +234,7 @@ ENTRY %main (p0: bf16[4096,1024]) -> f32[1024] {
 """.replace("MESH", "replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'}").replace(
       "GROUP", "replica_groups={{0,1,2,3}}").replace("IOTA", "replica_groups=[1,4]<=[4]").replace(
           "TRIP", 'backend_config={"known_trip_count":{"n":"32"}}')
-  out = compile_task.collectives(hlo, devices=4)
+  out = hlo.collectives(text, devices=4)
   ops = out["ops"]
   assert ops["all-gather"] == {"count": 1 + 1 + 32, "bytes": 4096 * 4096 * 2 + 8 * 8 * 2
                                + 32 * 8 * 64 * 2, "largest": 4096 * 4096 * 2}

@@ -8,8 +8,8 @@ model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) a
 pipeline runs — the SFT, reward-model, DPO, SimPO, KTO and PPO update steps, the PPO rollout's
 prefill and one decode step with its KV cache, best-of-N scoring, and where `compile.steps` names
 them the critic-free updates (`<task>_update` for rloo, grpo, dapo, gspo, reinforce_pp) — is
-lowered with the same
-shardings as training and compiled by XLA for that TPU. The rollout's steps run in the rollout
+lowered with the same shardings as training and compiled by XLA for that TPU. The rollout's steps
+(stages/rollout_steps.py) run in the rollout
 layout (parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it:
 the slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom`
 less the training state and the frozen models as the room it has; `rollout_reshard` is the copy of
@@ -27,7 +27,7 @@ planner's `plan` and the analytic FLOPs still count full fine-tuning). One row p
   rollout: the training state, the reference and reward models), against the chip's HBM less
   `compile.headroom`: fits or not;
 - the planner's estimate (`stages/memory.py`) beside it;
-- the collectives of the compiled program, counted from its HLO (`collectives`): number and
+- the collectives of the compiled program, counted from its HLO (parallel/hlo.py): number and
   result bytes per chip of its all-gathers, all-reduces, reduce-scatters, all-to-alls and
   collective-permutes;
 - model FLOPs counted analytically (`models/flops.py`; XLA's cost analysis sees one layer of the
@@ -43,12 +43,12 @@ planner's `plan` and the analytic FLOPs still count full fine-tuning). One row p
 "ppo (whole step)" = prefill + reshard + response_len - 1 decode steps (each block's steps reading
 the slots that block reads) + update. With `mesh.auto` the (data, fsdp, tensor) shapes of the
 slice are ranked by the planner and the best `compile.auto_candidates` compiled; the fitting one
-with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md`.
+with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md` (the
+table: stages/compile_report.py).
 
-ICI traffic (bytes each chip receives) is counted from the compiled HLO: per collective, from its
-result bytes and replica group of n chips, ring algorithms: all-gather and all-to-all (n-1)/n of
-the result, all-reduce 2(n-1)/n, reduce-scatter (n-1) times, collective-permute the result; a
-while loop's collectives count its trip count times. Only a step XLA refuses (out of memory) falls
+ICI traffic (bytes each chip receives) is counted from the compiled HLO (parallel/hlo.py: ring
+algorithms over each collective's replica group, a while loop's collectives its trip count
+times). Only a step XLA refuses (out of memory) falls
 back to the model: with fsdp=f, each pass gathers (f-1)/f of the weights and the gradients are
 reduce-scattered; data parallel all-reduces the gradient shard; tensor parallel all-reduces two
 activations per layer and pass. HBM traffic (estimate): for a decode step the weights as its
@@ -67,12 +67,12 @@ import math
 import os
 import re
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import AxisType, Mesh
 
 from rlhfjax.algorithms import dpo
 from rlhfjax.algorithms import grpo
@@ -88,19 +88,20 @@ from rlhfjax.models import flops
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
 from rlhfjax.models import sampling
-from rlhfjax.models import sharding_rules
-from rlhfjax.models import transformer
+from rlhfjax.parallel import hlo
 from rlhfjax.parallel.mesh import AXES
 from rlhfjax.parallel.mesh import mesh_shape
-from rlhfjax.parallel import rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel import tpu
+from rlhfjax.stages import compile_report
 from rlhfjax.stages import costs
 from rlhfjax.stages import memory
+from rlhfjax.stages import rollout_steps
+from rlhfjax.stages.costs import Step
 from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import metrics
-from rlhfjax.training.program import Program, key, shardings_of, tokens
+from rlhfjax.training.program import shardings_of, tokens
 # XLA's out-of-memory message: "... HLO temporaries (492.77G) exceeds available HBM (15.75G)".
 _OOM_TEMPS = re.compile(r"temporaries \(([\d.]+)([KMGT])\)")
 _UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -123,47 +124,9 @@ CRITIC_FREE = {"rloo": rloo.program,
 STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_update",
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
-RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
-COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
-
-# Compiled HLO text: an instruction `%name = <result shape(s)> <collective>[-start|-done](...)`, a
-# computation's header `[ENTRY] %name (params) -> result {`, the computations an instruction calls.
-_OP = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ([^%=]+?) (" + "|".join(COLLECTIVES)
-                 + r")(-start|-done)?\((.*)$")
-_SHAPE = re.compile(r"\b([a-z][a-z0-9]*)\[([\d,]*)\]")
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+) .*\{\s*$")
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
-_CALL_LISTS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_TRIP = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
-_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
-_INT = re.compile(r"= [su](?:32|64)\[\][^ ]* constant\((\d+)\)")
-_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
-_GROUPS_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[([\d,]+)\]<=")
-_GROUPS_LIST = re.compile(r"replica_groups=\{\{([\d,]*)\}")
+RESHARD = rollout_steps.RESHARD  # With the rollout steps where the rollout's layout is another.
 
 
-@dataclasses.dataclass
-class Step:
-  """One jitted step with abstract (sharded) arguments, and what it computes."""
-  name: str
-  fn: Callable  # Parallel.jit(...): has .lower(*args).
-  args: tuple
-  model_flops: float  # Analytic, the whole slice.
-  hardware_flops: float  # Plus rematerialisation.
-  tokens: int  # Tokens the step processes (new tokens for a decode step).
-  weight_passes: dict[str, tuple[int, bool]]  # Model -> (passes over its weights, trained).
-  plan_bytes: int  # The planner's per-chip estimate (memory.plan), less `resident`.
-  resident: int = 0  # Per-chip bytes held in HBM while it runs that are not its arguments.
-  mesh: Mesh | None = None  # The mesh it runs on (the rollout's); None: the trainer's.
-  layout: dict | None = None  # The rollout layout it runs in (shape, dtype, why).
-  # A decode step: the per-chip bytes one token must read of the weights (compute dtype) and of
-  # one cache slot (every layer's key and value), the slots its attention reads, and its HBM
-  # traffic (weights, the slots read, one slot written, logits in and out).
-  weights: float = 0.0
-  kv_slot: float = 0.0
-  cache_read: int = 0
-  hbm_bytes: float | None = None
 
 
 def model_config(config: Any) -> ModelConfig:
@@ -180,106 +143,6 @@ def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Expe
                                lora.from_config(config.get("lora")))
 
 
-def _shape_bytes(text: str) -> float:
-  """Bytes of the array shapes in `text` (`bf16[4096,14336]{1,0}`; a tuple counts every one)."""
-  total = 0.0
-  for dtype, dims in _SHAPE.findall(text):
-    digits = re.search(r"\d+", dtype)
-    bits = int(digits.group()) if digits else 8 if dtype == "pred" else 0
-    total += math.prod(int(d) for d in dims.split(",") if d) * bits / 8
-  return total
-
-
-def _group_size(text: str, devices: int) -> int:
-  """Chips in each replica group of a collective (all `devices` where the text does not say)."""
-  if m := _GROUPS_MESH.search(text):
-    sizes = dict(re.findall(r"'(\w+)'=(\d+)", m.group(1)))
-    return math.prod(int(sizes[a]) for a in re.findall(r"'(\w+)'", m.group(2)))
-  if m := _GROUPS_IOTA.search(text):
-    return int(m.group(1).split(",")[-1])
-  if m := _GROUPS_LIST.search(text):
-    return len(m.group(1).split(","))
-  return devices
-
-
-def _received(kind: str, result: float, n: int) -> float:
-  """Bytes a chip receives in one collective with `result` bytes per chip over `n` chips (ring)."""
-  if kind == "all-reduce":
-    return 2 * result * (n - 1) / n
-  if kind == "reduce-scatter":
-    return result * (n - 1)
-  if kind == "collective-permute":
-    return result
-  return result * (n - 1) / n  # all-gather, all-to-all.
-
-
-def collectives(hlo: str, devices: int = 1) -> dict:
-  """The collectives one run of a compiled program (`compiled.as_text()`) executes on a chip:
-  per kind, their number, the bytes of their results and the largest result, and the bytes the
-  chip receives in all of them (`received`). An async pair counts once (its `-start`; the
-  `-done`'s result gives the bytes); one collective (one channel id) that the TPU compiler
-  copies into several fusions counts once; a while loop's body counts its trip count times:
-  XLA's known_trip_count, or else the bound its condition compares the counter with (the
-  largest integer constant there: a scan from 0)."""
-  ops: dict[str, list[dict]] = {}  # Computation -> its collectives.
-  calls: dict[str, list[tuple[str, Any]]] = {}  # Computation -> (callee, times or condition).
-  bounds: dict[str, int] = {}  # Computation -> its largest integer scalar constant.
-  entry = current = ""
-  for line in hlo.splitlines():
-    if not line.startswith((" ", "\t")):
-      if m := _HEADER.match(line):
-        current = m.group(2)
-        ops[current], calls[current] = [], []
-        entry = current if m.group(1) else entry
-      continue
-    if not current:
-      continue
-    if const := _INT.search(line):
-      bounds[current] = max(bounds.get(current, 0), int(const.group(1)))
-    trip: Any = 1
-    if " while(" in line:
-      known, cond = _TRIP.search(line), _CONDITION.search(line)
-      trip = int(known.group(1)) if known else cond.group(1) if cond else 1
-    calls[current] += [(c, trip) for c in _CALLS.findall(line)]
-    for group in _CALL_LISTS.findall(line):
-      calls[current] += [(c.strip().lstrip("%"), 1) for c in group.split(",") if c.strip()]
-    if not (m := _OP.match(line)):
-      continue
-    name, shape, kind, phase, rest = m.groups()
-    if phase == "-done":  # The result of the `-start` it names.
-      start = re.search(r"%([\w.\-]+)", rest)
-      for op in ops[current]:
-        if start and op["name"] == start.group(1):
-          op["bytes"] = _shape_bytes(shape)
-      continue
-    channel = _CHANNEL.search(rest)
-    ops[current].append({"name": name, "kind": kind, "bytes": _shape_bytes(shape),
-                         "key": channel.group(1) if channel else (current, name),
-                         "group": _group_size(rest, devices)})
-  times: dict[Any, tuple[dict, int]] = {}
-  seen = set()
-
-  def visit(comp: str, n: int) -> None:
-    if (comp, n) in seen:
-      return
-    seen.add((comp, n))
-    for op in ops.get(comp, []):
-      if n > times.get(op["key"], (op, 0))[1]:
-        times[op["key"]] = (op, n)
-    for callee, trip in calls.get(comp, []):
-      visit(callee, n * (trip if isinstance(trip, int) else max(bounds.get(trip, 1), 1)))
-
-  visit(entry, 1)
-  out = {k: {"count": 0, "bytes": 0.0, "largest": 0.0} for k in COLLECTIVES}
-  received = 0.0
-  for op, n in times.values():
-    row = out[op["kind"]]
-    row["count"] += n
-    row["bytes"] += n * op["bytes"]
-    row["largest"] = max(row["largest"], op["bytes"])
-    received += n * _received(op["kind"], op["bytes"], op["group"])
-  return {"ops": out, "received": received}
-
 
 def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = STEPS, *,
           fast_domain: int = 1, hbm_usable: float | None = None) -> list[Step]:
@@ -290,14 +153,14 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
   per chip (None: unlimited)."""
   exp = _experiment(config, cfg, par)
   programs = {**PROGRAMS, **{f"{task}_update": fn for task, fn in CRITIC_FREE.items()}}
-  rollout_steps = {"ppo_prefill", "ppo_decode"} & set(names)
+  sampled = {"ppo_prefill", "ppo_decode"} & set(names)
   out: list[Step] = []
   for name, build in programs.items():
-    if name not in names and not (name == "ppo_update" and rollout_steps):
+    if name not in names and not (name == "ppo_update" and sampled):
       continue
     prog = build(exp)
-    if name == "ppo_update" and rollout_steps:
-      out += _rollout(exp, prog, rollout_steps, fast_domain, hbm_usable)
+    if name == "ppo_update" and sampled:
+      out += rollout_steps.steps(exp, prog, sampled, fast_domain, hbm_usable)
     if name in names:
       cost = costs.COSTS.get(name) or costs.online_update(name.removesuffix("_update"))
       out.append(Step(name, prog.step, prog.args, **cost(exp, prog)))
@@ -315,86 +178,6 @@ def steps(config: Any, cfg: ModelConfig, par: Parallel, names: Sequence[str] = S
                     memory.plan(cfg, par.mesh, b, seq, logit_tokens=lm_rm)["forward_step"]))
   return out
 
-
-def _rollout(exp: experiment.Experiment, prog: Program, names: set[str], fast_domain: int,
-             hbm_usable: float | None) -> list[Step]:
-  """PPO's rollout steps (those of `names`: prefill, decode; and the copy into the rollout layout)
-  beside what stays resident: PPO's training state and frozen models (`prog`'s arguments)."""
-  config, cfg, par = exp.config, exp.model, exp.parallel
-  p_len, r_len = config.format.prompt_len, config.format.response_len
-  seq, b, out = p_len + r_len, config.ppo.rollout_batch, []
-  everything = costs.per_chip(prog.args[:3])
-  plan = lambda batch, logit_tokens, length=seq: memory.plan(cfg, par.mesh, batch, length,
-                                                             logit_tokens=logit_tokens)
-  # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
-  layout = rollout.choose(config.get("rollout", {}), cfg, dict(par.mesh.shape), platform="tpu",
-                          fast_domain=fast_domain, rows=b, length=seq,
-                          free_bytes=None if hbm_usable is None else hbm_usable - everything)
-  rpar = Parallel(rollout.mesh(layout, par.mesh))
-  trainer = prog.args[0].params["policy"]
-  cast = functools.partial(rollout.cast, dtype=layout.dtype)
-  policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
-  policy = rpar.abstract(jax.eval_shape(cast, trainer),
-                         rollout.shardings(policy_axes, trainer, rpar.mesh))
-  policy_sh = shardings_of(policy)
-  # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
-  same = all(a.dtype == r.dtype and a.sharding == r.sharding
-             for a, r in zip(jax.tree.leaves(trainer), jax.tree.leaves(policy)))
-  resident = everything - (costs.per_chip(trainer) if same else 0)
-  where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
-  cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
-  cache_sh = _cache_shardings(rpar, cache)
-  logits_sh = NamedSharding(rpar.mesh, sharding_rules.spec(("batch", "vocab"),
-                                                           (b, cfg.vocab_size), rpar.mesh))
-  if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
-    fn = jax.jit(cast, in_shardings=(prog.shardings.params["policy"],), out_shardings=policy_sh)
-    out.append(Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, costs.per_chip(policy), everything,
-                    rpar.mesh, where))
-  if "ppo_prefill" in names:
-    fn = rpar.jit(functools.partial(sampling.prefill, cfg=cfg, max_new_tokens=r_len),
-                  (policy_sh, rpar.batch, rpar.batch), (cache_sh, logits_sh))
-    prompts = tokens(rpar, b, {"prompt": p_len})
-    f = flops.forward(cfg, b, p_len, logit_tokens=1)
-    # The prompt's keys and values of every layer, then the padded cache built from them.
-    planned = plan(b, 1, p_len)["forward_step"] + 2 * plan(b, 1)["kv_cache"]
-    out.append(Step("ppo_prefill", fn, (policy, prompts["prompt"], prompts["prompt_mask"]), f, f,
-                    b * p_len, {"policy": (1, False)}, planned, resident, rpar.mesh, where))
-  if "ppo_decode" in names:
-    # The run's eos ids (pad ids only enter as values: any compiles to the same program). The
-    # step of the last cache block: it reads the most slots (the worst case; `whole_ppo` scales the others).
-    scfg = sampling.SamplingConfig(max_new_tokens=r_len, eos_id=exp.eos_ids, pad_id=0,
-                                   temperature=config.ppo.temperature)
-    read = 0  # The last block reads every slot (sampling.blocks).
-    rows = NamedSharding(rpar.mesh, sharding_rules.spec(("batch",), (b,), rpar.mesh))
-    fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len,
-                                    cache_read=read),
-                  (policy_sh, cache_sh, logits_sh, rows, rpar.replicated, rpar.replicated, rows),
-                  (cache_sh, logits_sh, rows, (rows, rows, rows)), (1,))
-    abstract = lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
-    kv = rpar.abstract(cache, cache_sh)
-    logits = abstract((b, cfg.vocab_size), jnp.float32, logits_sh)
-    args = (policy, kv, logits, abstract((b,), jnp.bool_, rows),
-            abstract((), jnp.int32, rpar.replicated), key(rpar),
-            abstract((b,), jnp.int32, rows))
-    f = flops.forward(cfg, b, 1, keys=read or seq)
-    planned = plan(b, 1)
-    # Weights as the matmuls read them; under fsdp they are gathered, written and read again.
-    weights = rollout.weight_bytes(cfg, layout.tensor, cfg.dtype)
-    kv_slot = costs.per_chip({"k": kv["k"], "v": kv["v"]}) / seq
-    hbm = (costs.per_chip(policy) + (2 * weights if layout.fsdp > 1 else 0)
-           + kv_slot * ((read or seq) + 1) + 2 * costs.per_chip(logits))
-    out.append(Step("ppo_decode", fn, args, f, f, b, {"policy": (1, False)},
-                    planned["params"] + planned["kv_cache"], resident, rpar.mesh, where,
-                    weights, kv_slot, read or seq, hbm))
-  return out
-
-
-def _cache_shardings(par: Parallel, cache: Any) -> Any:
-  """KV cache: [B, kv_heads, length, Dh] per layer split by batch and kv heads; mask by batch."""
-  def one(x):
-    axes = ("batch", "kv_heads", "length", "head_dim") if x.ndim == 4 else ("batch", "length")
-    return NamedSharding(par.mesh, sharding_rules.spec(axes, x.shape, par.mesh))
-  return jax.tree.map(one, cache)
 
 
 def _weight_bytes(cfg: ModelConfig, mesh: Mesh) -> float:
@@ -431,7 +214,7 @@ def analyse(step: Step, cfg: ModelConfig, par: Parallel, chip: tpu.Chip, headroo
     m = compiled.memory_analysis()
     args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
     outs, alias = int(m.output_size_in_bytes), int(m.alias_size_in_bytes)
-    counted = collectives(compiled.as_text(), mesh.size)
+    counted = hlo.collectives(compiled.as_text(), mesh.size)
   except jax.errors.JaxRuntimeError as e:  # XLA refuses a program that exceeds the chip's HBM.
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -592,55 +375,6 @@ def _compile_all(config: Any, cfg: ModelConfig, shape: dict[str, int], devices: 
           "time_s": sum(r["time_s"] for r in timed)}
 
 
-def _collectives_cell(ops: dict | None) -> str:
-  """`AG 290: 14.02` (all-gathers: count, GiB of results per chip), ... for the kinds present;
-  `model` where nothing was compiled (the ICI estimate is then analytic)."""
-  if ops is None:
-    return "model"
-  short = {"all-gather": "AG", "all-reduce": "AR", "reduce-scatter": "RS", "all-to-all": "A2A",
-           "collective-permute": "CP"}
-  return ", ".join(f"{short[k]} {v['count']}: {v['bytes'] / 2**30:.2f}" for k, v in ops.items()
-                   if v["count"]) or "none"
-
-
-def format_report(report: dict) -> str:
-  """The Markdown table of one topology's rows."""
-  gib = lambda b: f"{b / 2**30:.2f}"
-  chip = report["chip"]
-  lines = [f"{report['topology']}: {report['chips']} x TPU {chip['name']} "
-           f"({chip['peak_flops'] / 1e12:.0f} TFLOP/s bf16, {gib(chip['hbm_bytes'])} GiB HBM "
-           f"each), mesh {report['mesh']}, {report['param_count'] / 1e9:.3f}B parameters",
-           "remat: " + ", ".join(f"{role} {r}" for role, r in report["remat"].items())]
-  layout = next((r["layout"] for r in report["rows"].values() if r.get("layout")), None)
-  if layout:
-    lines.append(f"rollout layout: data={layout['data']} fsdp={layout['fsdp']} "
-                 f"tensor={layout['tensor']}, weights in {layout['dtype']} ({layout['reason']})")
-  lines += ["",
-            "| step | args GiB | temp GiB | out GiB | resident GiB | per chip GiB | plan GiB "
-            "| fits | collectives: count GiB/chip | model TFLOP | time ms | bound "
-            "| x HBM roofline | MFU | tokens/s | compile s |",
-            "|---|" + "---:|" * 7 + "---|" + "---:|" * 7]
-  for r in report["rows"].values():
-    cell = lambda k: gib(r[k]) if k in r else ""
-    fit = ("yes" if r["fits"] else "**no**") + f" ({gib(r['headroom'])} free)"
-    ratio = f"{r['roofline_ratio']:.2f}" if "roofline_ratio" in r else ""
-    moved = _collectives_cell(r["collectives"]) if "collectives" in r else ""
-    lines.append(f"| {r['step']} | {cell('arguments')} | {cell('temporaries')} | "
-                 f"{cell('outputs')} | {cell('resident')} | {gib(r['per_chip'])} | "
-                 f"{gib(r['plan'])} | {fit} | {moved} | "
-                 f"{r['model_flops'] / 1e12:.1f} | {r['time_s'] * 1e3:.2f} | "
-                 f"{r.get('bound', '')} | {ratio} | {100 * r['mfu']:.1f}% | "
-                 f"{r['tokens_per_s']:,.0f} | {r['compile_s']:.1f} |")
-  if report["candidates"]:
-    lines += ["", "mesh.auto candidates (planner's per-chip GiB; compiled ones with XLA's fit and "
-              "estimated time of the non-rollout steps plus the whole PPO step):", ""]
-    for c in report["candidates"]:
-      tail = (f", compiled: {'fits' if c['fits'] else 'does not fit'}, {c['time_s']:.3f} s"
-              if "rows" in c else "")
-      lines.append(f"- {c['mesh']}: plan {gib(c['plan'])} GiB{tail}")
-  return "\n".join(lines)
-
-
 def run(config: Any, workdir: str) -> dict[str, dict]:
   """task=compile: the table for every topology of `compile.topology`; writes JSON and Markdown."""
   topologies = [t.strip() for t in str(config.compile.topology).split(",") if t.strip()]
@@ -656,7 +390,7 @@ def run(config: Any, workdir: str) -> dict[str, dict]:
   reports = {}
   for topology in topologies:
     report = compile_topology(config, cfg, topology, names)
-    table = format_report(report)
+    table = compile_report.format_report(report)
     metrics.info(table + "\n")
     name = topology.replace(":", "_")
     experiment.write_json(os.path.join(out_dir, f"{name}.json"), report)

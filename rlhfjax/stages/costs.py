@@ -2,14 +2,17 @@
 whole slice), hardware FLOPs (plus what the trained models' remat policies recompute), the tokens
 it processes, the passes over each model's weights and the planner's per-chip bytes. The step
 itself, its arguments and its state come from the method's builder (`program(exp)`); this is the
-arithmetic beside it, one function per step, looked up in `COSTS`."""
+arithmetic beside it, one function per step, looked up in `COSTS`, and `Step`, the step and
+its costs together as task=compile lowers and compiles it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
 import jax
+from jax.sharding import Mesh
 
 from rlhfjax.algorithms import dpo
 from rlhfjax.models.config import ModelConfig
@@ -17,6 +20,29 @@ from rlhfjax.models import flops
 from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training.program import Program
+
+
+@dataclasses.dataclass
+class Step:
+  """One jitted step with abstract (sharded) arguments, and what it computes."""
+  name: str
+  fn: Callable  # Parallel.jit(...): has .lower(*args).
+  args: tuple
+  model_flops: float  # Analytic, the whole slice.
+  hardware_flops: float  # Plus rematerialisation.
+  tokens: int  # Tokens the step processes (new tokens for a decode step).
+  weight_passes: dict[str, tuple[int, bool]]  # Model -> (passes over its weights, trained).
+  plan_bytes: int  # The planner's per-chip estimate (memory.plan), less `resident`.
+  resident: int = 0  # Per-chip bytes held in HBM while it runs that are not its arguments.
+  mesh: Mesh | None = None  # The mesh it runs on (the rollout's); None: the trainer's.
+  layout: dict | None = None  # The rollout layout it runs in (shape, dtype, why).
+  # A decode step: the per-chip bytes one token must read of the weights (compute dtype) and of
+  # one cache slot (every layer's key and value), the slots its attention reads, and its HBM
+  # traffic (weights, the slots read, one slot written, logits in and out).
+  weights: float = 0.0
+  kv_slot: float = 0.0
+  cache_read: int = 0
+  hbm_bytes: float | None = None
 
 
 def per_chip(tree: Any) -> int:
