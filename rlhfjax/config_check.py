@@ -81,3 +81,35 @@ def check(config: ml_collections.ConfigDict) -> None:
     rule = _BY_PATH.get(path) or _BY_PATH.get(name) or _BY_NAME.get(name)
     if rule is not None and not rule[0](value):
       raise ConfigError(f"{path} must be {rule[1]}, got {value!r}")
+
+
+def _path_of(config: Any, block: Any, prefix: str = "") -> str | None:
+  """The dotted path of `block` (by identity) inside `config`, '' for `config` itself."""
+  if config is block:
+    return prefix.rstrip(".")
+  if isinstance(config, ml_collections.ConfigDict):
+    for key, value in config.items():
+      if isinstance(value, ml_collections.ConfigDict):
+        found = _path_of(value, block, f"{prefix}{key}.")
+        if found is not None:
+          return found
+  return None
+
+
+def missing_key(error: BaseException, config: ml_collections.ConfigDict) -> ConfigError | None:
+  """The one-line ConfigError for `error` when a ConfigDict raised it reading a key the config
+  lacks (the code reads every key plainly: configs/tldr_sim.py sets each with its default), naming
+  the key by its path in `config`; None for any other error."""
+  found, tb = None, error.__traceback__
+  while tb is not None:
+    local = tb.tb_frame.f_locals
+    if tb.tb_frame.f_code.co_name in ("__getattr__", "__getitem__") and isinstance(
+        local.get("self"), ml_collections.ConfigDict):
+      found = (local["self"], local.get("attribute", local.get("key")))
+    tb = tb.tb_next
+  if found is None or not isinstance(found[1], str):
+    return None
+  path = _path_of(config, found[0])
+  name = f"{path}.{found[1]}" if path else found[1]
+  return ConfigError(f"config key {name} is missing: set it (configs/tldr_sim.py lists every key "
+                     "with its default)")

@@ -198,9 +198,19 @@ def run(config, workdir: str):
   With several processes (`config.distributed`) all of them run this; they meet after each stage,
   so files process 0 wrote are there for the next one.
   """
+  try:
+    return _run(config, workdir)
+  except (AttributeError, KeyError) as e:  # A key the config lacks: one line naming it.
+    missing = config_check.missing_key(e, config)
+    if missing is None:
+      raise
+    raise missing from e
+
+
+def _run(config, workdir: str):
   config_check.check(config)
   # Both before the first computation starts a backend: XLA reads its flags only then.
-  runtime.apply(config.get("runtime"), config.model.get("dtype", "float32"))
+  runtime.apply(config.runtime, config.model.dtype)
   distributed.initialize(config.distributed)
   if jax.process_index() == 0:
     files.check_writable(workdir)

@@ -161,7 +161,7 @@ def _compare_models(cfg, other, t, grads):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("cfg,grads", [(GPT2, False), (LLAMA.replace(remat=True), True)],
+@pytest.mark.parametrize("cfg,grads", [(GPT2, False), (LLAMA.replace(remat="full"), True)],
                          ids=["gpt2", "llama-remat"])
 def test_chunked_model_matches_reference(cfg, grads):
   """T = 20 in blocks of 8; llama has GQA, and its gradients go through remat."""
@@ -236,7 +236,7 @@ def test_splash_compiles_for_tpu():
   mesh = Mesh(np.array(devices).reshape(1, 2, 2), ("data", "fsdp", "tensor"),
               axis_types=(AxisType.Auto,) * 3)
   par = Parallel(mesh)
-  cfg = LLAMA.replace(attention="splash", remat=True, dtype="bfloat16", max_len=256)
+  cfg = LLAMA.replace(attention="splash", remat="full", dtype="bfloat16", max_len=256)
   shapes = jax.eval_shape(lambda: transformer.init(jax.random.key(0), cfg))
   param_shardings = par.shardings(transformer.param_axes(cfg), shapes)
   step = jax.jit(jax.value_and_grad(lambda p, tokens, mask: _model_loss(p, tokens, mask, cfg)[0]),

@@ -200,7 +200,7 @@ def test_smollm2_config_prepares_the_pretrained_model_and_chat_prompts(tmp_path)
   exp = experiment.prepare(config, str(tmp_path))
   file_cfg = import_gguf.file_config(GGUF)
   assert exp.init_from == GGUF
-  assert exp.model == file_cfg.replace(dtype="bfloat16", param_dtype="bfloat16", remat=True)
+  assert exp.model == file_cfg.replace(dtype="bfloat16", param_dtype="bfloat16", remat="full")
   ex = exp.splits["test"][0]
   ids = formats.tldr_prompt(exp.tokenizer, ex.subreddit, ex.title, ex.post,
                             config.format.prompt_len)

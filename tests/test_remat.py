@@ -132,9 +132,10 @@ def test_xla_temporaries_order_none_dots_full_and_forward_is_unchanged():
   assert all(text == programs["none"] for text in programs.values())
 
 
-def test_model_remat_accepts_bools_and_names_bad_values():
-  assert ModelConfig(remat=True).remat == "full" and ModelConfig(remat=False).remat == "none"
-  assert ModelConfig(remat="True").remat == "full"  # As --config.model.remat=True arrives.
+def test_model_remat_takes_names_only_and_names_bad_values():
+  for value in (True, False, "True"):  # "True": as --config.model.remat=True arrives.
+    with pytest.raises(ConfigError, match=r"model\.remat must be one of .*by name.*'full'"):
+      ModelConfig(remat=value)
   assert ModelConfig().replace(remat="dots").remat == "dots"
   with pytest.raises(ConfigError, match=r"model\.remat must be one of .*'dots'.*got 'some'"):
     ModelConfig(remat="some")

@@ -194,7 +194,7 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   forwards = 2 if reference_free else 4  # Chosen and rejected, through the policy (and reference).
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
                    forwards * c.batch_size * (fmt.prompt_len + fmt.response_len), task, meta,
-                   c.get("skip_nonfinite", 0))
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -161,6 +161,8 @@ def load_feedback(exp: experiment.Experiment) -> tuple[list[records.Feedback], s
         path, exp.config.rm.layout, columns=loaders.columns(exp))), path
   if c.feedback == "binary":
     path = c.train_file or os.path.join(exp.workdir, "label", "binary_train.jsonl")
+    # kto.layout: optional (the configs of TRL-layout files set it); kept out of tldr_sim.py, as
+    # the run's meta records the kto block (a new key there refuses resuming an older run).
     return _binary_file(path, c.get("layout", records.BINARY), loaders.columns(exp)), path
   raise ConfigError(f"kto.feedback must be one of {FEEDBACK}, got {c.feedback!r}")
 
@@ -227,7 +229,7 @@ def train(exp: experiment.Experiment) -> TrainState:
   # Matched and mismatched rows, through the policy and the reference.
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
                    4 * c.batch_size * (fmt.prompt_len + fmt.response_len), "kto", meta,
-                   c.get("skip_nonfinite", 0))
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -146,7 +146,7 @@ def tis_weights(logprobs: jax.Array, batch: pipeline.Batch, c: Any,
   `tis_cap`) [B, R], without gradient, to multiply each token's policy-gradient loss term so the
   update corrects for the sampler's numerics differing from the trainer's. `logprobs` are the
   trainer's before the update (π_old). None with `truncated_is` off: the losses stay untouched."""
-  if not c.get("truncated_is", False):
+  if not c.truncated_is:
     return None
   if "sampler_logprobs" not in batch:
     raise ConfigError(f"{task}.truncated_is needs the sampler's log-probs, and this batch has no "
@@ -296,6 +296,7 @@ def train_policy(exp: experiment.Experiment, task: str, prog: program_lib.Progra
   ref_params = loaders.load_policy(exp)
   reward_params = (loaders.load_reward_model(exp)[0]
                    if reward_functions.uses_model(exp.config.reward) else None)
+  # minibatch_size: optional (online_dpo has none: one update of the whole batch).
   groups = min(c.rollout_batch, c.get("minibatch_size", c.rollout_batch)) // k
   if group(c, k) > 1 and groups % par.data_parallel:
     metrics_lib.info(f"{task}: {groups} prompt groups per minibatch do not split over "
@@ -450,7 +451,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     writer.write(0, {f"eval/{name}": v for name, v in held_out(state.params["policy"]).items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),
-                   task, meta, c.get("skip_nonfinite", 0))
+                   task, meta, c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -113,7 +113,7 @@ def check_config(c: Any) -> None:
   if c.loss_type not in dpo.REFERENCE_LOSSES:
     raise ConfigError(f"online_dpo.loss_type must be one of {dpo.REFERENCE_LOSSES}, got "
                       f"{c.loss_type!r}")
-  if c.get("truncated_is", False):
+  if c.truncated_is:
     raise ConfigError("online_dpo.truncated_is: online DPO's loss has no per-token policy-gradient "
                       "term to weight; set it False")
   online.check_sampling("online_dpo", c, 2)

@@ -147,7 +147,7 @@ def run(config, workdir: str) -> Any:
 
   state = loop.run(state, c.rounds, one_round, lambda state, done, m: m, ckpt, writer,
                    c.steps_per_round * c.batch_size * (fmt.prompt_len + fmt.response_len), "quark",
-                   meta, c.get("skip_nonfinite", 0))
+                   meta, c.skip_nonfinite)
   writer.close()
   ckpt.close()
   outputs.save_policy(exp, "quark", state.params, ref_params, control=c.control)

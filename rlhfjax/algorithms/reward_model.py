@@ -112,7 +112,7 @@ def _meta(exp: experiment.Experiment, files: dict[str, str], batch_size: int) ->
   size recorded is the one trained with (`batch_size`)."""
   skip = ("log_every", "eval_every", "eval_batch_size", "probe_examples", "bootstrap")
   rm = {k: v for k, v in exp.config.rm.items() if k not in skip}
-  if not rm.get("contrast_batch_size"):  # Without contrastive pairs their settings play no part.
+  if not rm["contrast_batch_size"]:  # Without contrastive pairs their settings play no part.
     rm = {k: v for k, v in rm.items() if not k.startswith("contrast_")}
   return {"model": dataclasses.asdict(exp.model), "format": exp.config.format.to_dict(),
           "rm": {**rm, "batch_size": batch_size},
@@ -234,7 +234,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
 
   state = loop.run(state, steps, one_step, periodic, ckpt, writer,
                    2 * bs * (fmt.prompt_len + fmt.response_len), "rm", meta,
-                   c.get("skip_nonfinite", 0))
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -135,7 +135,7 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
     return out
 
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer, tokens_per_step, task, meta,
-                   c.get("skip_nonfinite", 0))
+                   c.skip_nonfinite)
   writer.close()
   ckpt.close()
   return state

@@ -203,7 +203,7 @@ def build(name: str, cfg: Mapping, reward_model: Callable[[], Annotator] | None 
       raise ConfigError("annotator 'rm' needs a trained reward model (run task=rm first)")
     return reward_model()
   if name.startswith("file:"):
-    return FileAnnotator(name[len("file:"):], str(cfg.get("file_layout", "openai")))
+    return FileAnnotator(name[len("file:"):], str(cfg["file_layout"]))
   raise ConfigError(f"unknown annotator {name!r} (available: {', '.join(POOL_NAMES)}, rm, file:PATH)")
 
 

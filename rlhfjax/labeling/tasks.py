@@ -80,7 +80,7 @@ def user(config, workdir: str) -> str:
   """task=label_user: prints and returns the new labeler's one-time sign-in link; with
   `labeling.revoke`, revokes that labeler instead (`revoke`)."""
   c = config.labeling
-  if c.get("revoke", ""):
+  if c.revoke:
     if c.user:
       raise ConfigError(f"labeling.user ({c.user!r}) and labeling.revoke ({c.revoke!r}): give one "
                         "(a sign-in link, or a revocation)")
@@ -146,7 +146,7 @@ def stderr_log(stream: TextIO | None = None) -> Iterator[None]:
 def cookie_name(c) -> str:
   """The session cookie's name: `labeling.cookie_name`, else one of the port's own (cookies ignore
   the port, so two sites on one host would otherwise sign each other's labelers out)."""
-  name = c.get("cookie_name", "") or f"rlhfjax_session_{c.port}"
+  name = c.cookie_name or f"rlhfjax_session_{c.port}"
   if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
     raise ConfigError(f"labeling.cookie_name: 1-64 letters, digits, _ or - (got {name!r})")
   return name

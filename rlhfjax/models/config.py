@@ -95,7 +95,7 @@ class ModelConfig:
   # Run the layers as one `lax.scan` (compile time independent of depth) or unrolled (XLA's cost
   # analysis then counts every layer; rlhfjax/stages/compile.py uses it to count a step's work).
   scan_layers: bool = True
-  # One of REMAT; True and False (as older configs say) mean "full" and "none".
+  # One of REMAT, by name (not a bool).
   remat: str = "none"
   # Attention kernel: one of ATTENTION; "auto" picks one per platform (see models/attention.py).
   attention: str = "reference"
@@ -103,9 +103,10 @@ class ModelConfig:
 
   def __post_init__(self):
     if str(self.remat).lower() in ("true", "false"):  # A bool, or one from the command line.
-      object.__setattr__(self, "remat", "full" if str(self.remat).lower() == "true" else "none")
+      raise ConfigError(f"model.remat must be one of {REMAT}, by name, got {self.remat!r} (for "
+                        "True say 'full', for False 'none')")
     if self.remat not in REMAT:
-      raise ConfigError(f"model.remat must be one of {REMAT} (or a bool), got {self.remat!r}")
+      raise ConfigError(f"model.remat must be one of {REMAT}, got {self.remat!r}")
     if self.variant not in VARIANTS:
       raise ConfigError(f"model.variant must be one of {VARIANTS}, got {self.variant!r}")
     if self.n_heads % self.n_kv_heads:

@@ -76,7 +76,7 @@ def model_config(path: str, model_block: Mapping[str, Any]) -> ModelConfig:
 def block_config(model_block: Mapping[str, Any]) -> ModelConfig:
   """The model a config's `model` block describes: the architecture its `init_from` names (with
   the block's OVERRIDES applied), or the block itself."""
-  if model_block.get("init_from"):
+  if model_block.get("init_from"):  # Optional: pretrained models only.
     return model_config(resolve(model_block["init_from"]), model_block)
   return ModelConfig.from_mapping({k: v for k, v in model_block.items() if k != "init_from"})
 

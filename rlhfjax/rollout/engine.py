@@ -55,12 +55,12 @@ def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int =
                     top_p: float = 1.0) -> sampling.SamplingConfig:
   """The sampler's settings for a response of `format.response_len` tokens, with the rollout's
   early stop and cache blocks (config block `rollout`)."""
-  r = exp.config.get("rollout", {})
+  r = exp.config.rollout
   return sampling.SamplingConfig(max_new_tokens=exp.config.format.response_len,
                                  temperature=temperature, top_k=top_k, top_p=top_p,
                                  eos_id=exp.tokenizer.eos_ids, pad_id=exp.tokenizer.pad_id,
-                                 early_stop=bool(r.get("early_stop", True)),
-                                 cache_block=int(r.get("cache_block", 0)))
+                                 early_stop=bool(r.early_stop),
+                                 cache_block=int(r.cache_block))
 
 
 def _free_bytes() -> float | None:
@@ -87,7 +87,7 @@ def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layou
     domain = ((lambda d: getattr(d, "slice_index", 0)) if devices[0].platform == "tpu"
               else (lambda d: d.process_index))
     local = sum(domain(d) == domain(devices[0]) for d in devices)
-    layout = rollout.choose(exp.config.get("rollout", {}), exp.model, dict(exp.parallel.mesh.shape),
+    layout = rollout.choose(exp.config.rollout, exp.model, dict(exp.parallel.mesh.shape),
                             platform=devices[0].platform, fast_domain=local, rows=rows,
                             length=length, free_bytes=_free_bytes())
     exp.rollouts[rows] = (layout, Parallel(rollout.mesh(layout, exp.parallel.mesh)))

@@ -60,7 +60,7 @@ def pass_counts(exp: experiment.Experiment, params: Any, examples: Sequence[pipe
   """{'pass': {'n', 'temperature', 'correct'}}: how many of `eval.pass_k` samples of each example
   `eval.correct` finds right; {} when `eval.pass_k` is 0."""
   e = exp.config.eval
-  k = int(e.get("pass_k", 0))
+  k = int(e.pass_k)
   if k <= 0:
     return {}
   correct = reward_functions.load({"functions": e.correct})

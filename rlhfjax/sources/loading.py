@@ -64,6 +64,8 @@ def load_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
   from `batch_indices`, a pure function of (seed, step): a deterministic shuffle that a resumed run
   repeats exactly, and `sharding.Parallel.put_batch` gives each host only its own rows of it.
   """
+  # The block's keys depend on its source (each shipped config replaces it): a source's own
+  # optional keys are read with `.get` and their defaults.
   source = cfg["source"]
   if source == "sim_tldr":
     sizes = {k: int(cfg[k]) for k in SPLITS}

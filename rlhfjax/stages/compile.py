@@ -140,7 +140,7 @@ def _experiment(config: Any, cfg: ModelConfig, par: Parallel) -> experiment.Expe
   `lora` block, so each step holds the adapters and optimizer state a run of this config trains
   with (the eos ids: `Experiment.eos_ids`, read from the config as the run would)."""
   return experiment.Experiment(config, "", {}, None, cfg, par, "",
-                               lora.from_config(config.get("lora")))
+                               lora.from_config(config.lora))
 
 
 
@@ -262,7 +262,7 @@ def whole_ppo(rows: dict[str, dict], config: Any, cfg: ModelConfig, chips: int,
     return None
   p_len, r_len = config.format.prompt_len, config.format.response_len
   d, b = rows["ppo_decode"], config.ppo.rollout_batch
-  block = int(config.get("rollout", {}).get("cache_block", 0))
+  block = int(config.rollout.cache_block)
   decode_s = roofline_s = 0.0
   for start, end, read in sampling.blocks(p_len, r_len, block):
     read = read or p_len + r_len
@@ -327,7 +327,7 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
   headroom = float(config.compile.headroom)
   where = {"fast_domain": len(devices), "hbm_usable": chip.hbm_bytes * (1 - headroom)}
   candidates = []
-  if config.mesh.get("auto", False):
+  if config.mesh.auto:
     shapes = mesh_candidates(config, cfg, len(devices))
     if not shapes:
       raise ConfigError(f"mesh.auto: no (data, fsdp, tensor) shape of {len(devices)} chips "

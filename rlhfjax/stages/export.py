@@ -59,7 +59,7 @@ def run(config, workdir: str) -> str:
   params = to_host(LOADERS[c.model](exp))
   directory = c.directory or os.path.join(exp.workdir, "export", c.model)
   pad_id = exp.tokenizer.pad_id if c.model == "rm" else None
-  source = config.model.get("init_from", "")
+  source = config.model.get("init_from", "")  # Optional: pretrained models only.
   extra = [os.path.join(source, name) for name in TOKENIZER_FILES
            if os.path.isdir(source) and os.path.exists(os.path.join(source, name))]
   if jax.process_index() == 0:

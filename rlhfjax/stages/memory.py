@@ -201,7 +201,7 @@ def ppo_held(config: Any, par: Any, cfg: ModelConfig, rank: int) -> dict:
   value model (0: full fine-tuning): trained parameters, AdamW state, the reference policy (none of
   its own under LoRA: the policy's base), the reward model; and XLA's bytes for the PPO step
   (arguments: all of those plus the batch; temporaries: gradients, activations)."""
-  lcfg = dataclasses.replace(lora.from_config(config.get("lora")), rank=rank,
+  lcfg = dataclasses.replace(lora.from_config(config.lora), rank=rank,
                              models=("policy", "value"))
   prog = ppo.program(experiment.Experiment(config, "", {}, None, cfg, par, "", lcfg))
   state, ref, reward = prog.args[:3]
@@ -239,7 +239,7 @@ def run(config: Any, workdir: str) -> dict:
   seq, r_len = config.format.prompt_len + config.format.response_len, config.format.response_len
   rm_logits = r_len if config.rm.likelihood_weight else 0
   exp = experiment.Experiment(config, "", {}, None, cfg, par, "",
-                              lora.from_config(config.get("lora")))
+                              lora.from_config(config.lora))
   # Each trained model's step: (step, batch, logit tokens); PPO's minibatch for the policy and a
   # value model of its own.
   trained = {"sft": ("sft step", config.sft.batch_size, r_len),
@@ -258,7 +258,7 @@ def run(config: Any, workdir: str) -> dict:
                                config.ppo.rollout_batch, logit_tokens=r_len)}
   xla = xla_step_bytes(sft.program(exp).lower())
   sft_plan = plans["sft step"]
-  rank = config.lora.rank if config.get("lora") and config.lora.rank else 8
+  rank = config.lora.rank or 8
   ppo_rows = {"full": ppo_held(config, par, cfg, 0),
               f"LoRA r={rank}": ppo_held(config, par, cfg, rank)}
   report = {"mesh": dict(par.mesh.shape), "plans": plans, "xla_sft_step": xla, "ppo": ppo_rows,

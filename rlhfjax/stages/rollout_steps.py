@@ -39,7 +39,7 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
   plan = lambda batch, logit_tokens, length=seq: memory.plan(cfg, par.mesh, batch, length,
                                                              logit_tokens=logit_tokens)
   # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
-  layout = rollout.choose(config.get("rollout", {}), cfg, dict(par.mesh.shape), platform="tpu",
+  layout = rollout.choose(config.rollout, cfg, dict(par.mesh.shape), platform="tpu",
                           fast_domain=fast_domain, rows=b, length=seq,
                           free_bytes=None if hbm_usable is None else hbm_usable - everything)
   rpar = Parallel(rollout.mesh(layout, par.mesh))

@@ -138,7 +138,7 @@ def files_meta(exp: experiment.Experiment, files: dict[str, str]) -> dict[str, s
 
 def columns(exp: experiment.Experiment) -> dict[str, str] | None:
   """`data.columns`: TRL's field names mapped to a file's columns (layout `trl`), or None."""
-  return dict(exp.config.data.get("columns") or {}) or None
+  return dict(exp.config.data.get("columns") or {}) or None  # Optional: file sources only.
 
 
 def load_comparisons(path: str, layout: str, key: str = "", report: bool = True,

@@ -60,7 +60,7 @@ def adamw(cfg: Mapping[str, Any], total_steps: int,
   if trainable is not None:
     labels = lambda params: jax.tree.map(lambda t: "train" if t else "frozen", trainable(params))
     tx = optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
-  skips = cfg.get("skip_nonfinite", 0)
+  skips = cfg["skip_nonfinite"]
   if not isinstance(skips, int) or skips < 0:
     raise ConfigError(f"skip_nonfinite must be an integer >= 0, got {skips!r}")
   return optax.apply_if_finite(tx, skips)
