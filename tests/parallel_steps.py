@@ -209,7 +209,7 @@ def sample_rollouts(par: Parallel, data: list[dict[str, np.ndarray]], init: dict
   trained = par.put(init["policy"], par.shardings(axes, init["policy"]))
   out = {}
   for spec in layouts:
-    layout = rollout.choose({"mesh": spec}, CFG, dict(par.mesh.shape), platform="cpu",
+    layout = rollout.choose({"mesh": spec, "dtype": "auto"}, CFG, dict(par.mesh.shape), platform="cpu",
                             fast_domain=8, rows=B, length=P + R, free_bytes=None)
     mesh = rollout.mesh(layout, par.mesh)
     params = rollout.reshard(trained, axes, layout, mesh)

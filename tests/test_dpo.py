@@ -82,7 +82,7 @@ def _preference_batch(n: int = 16) -> dict[str, np.ndarray]:
 CFG = ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2, n_kv_heads=2, d_ff=32,
                   max_len=24)
 ADAMW = dict(lr=1e-2, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9, b2=0.95,
-             eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+             eps=1e-8, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0)
 
 
 def test_dpo_step_learns_a_preference():

@@ -117,7 +117,8 @@ def test_kto_step_learns_from_binary_feedback():
   c = ml_collections.FrozenConfigDict(dict(beta=0.5, desirable_weight=1.0,
                                            undesirable_weight=1.0))
   tx = optimizer.adamw(dict(lr=1e-2, warmup_steps=0, schedule="constant", end_lr_frac=1.0,
-                            b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0), 30)
+                            b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                            skip_nonfinite=0), 30)
   params = transformer.init(jax.random.key(0), CFG)
   step = jax.jit(functools.partial(kto.train_step, cfg=CFG, c=c, tx=tx))
   state = TrainState.create(jax.tree.map(jnp.copy, params), tx)

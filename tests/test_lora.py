@@ -29,8 +29,9 @@ GPT2 = ModelConfig(variant="gpt2", vocab_size=32, d_model=16, n_layers=2, n_head
 LLAMA = ModelConfig(variant="llama", vocab_size=32, d_model=16, n_layers=2, n_heads=4,
                     n_kv_heads=2, d_ff=32, max_len=24, scan_layers=False)
 RANK = lora.LoraConfig(rank=4, alpha=8.0)
+BLOCK = dict(rank=0, alpha=16.0, targets="q,k,v,o,wi,wg,wo", models="sft,rm,policy,value")
 OPT = dict(lr=1e-2, warmup_steps=0, schedule="constant", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-8,
-           weight_decay=0.1, grad_clip=1.0)
+           weight_decay=0.1, grad_clip=1.0, skip_nonfinite=0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,7 +167,7 @@ def test_ppo_with_lora_keeps_one_backbone():
       steps=2, rollout_batch=8, minibatch_size=4, epochs=1, temperature=1.0, kl_coef=0.05,
       adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0, gamma=1.0, lam=0.95, whiten="batch",
       cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
-      value_model="separate", **OPT))
+      value_model="separate", truncated_is=False, tis_cap=2.0, **OPT))
   exp = types.SimpleNamespace(config=types.SimpleNamespace(ppo=c, seed=0))
   state = ppo.init_state(exp, policy, reward, lcfg=RANK)
   assert lora.has_adapters(state.params["policy"])
@@ -217,11 +218,11 @@ def test_memory_task_shows_a_lora_ppo_run_holds_one_backbone(tiny_config):
 ])
 def test_config_errors_name_the_key(block, message):
   with pytest.raises(ConfigError, match=message):
-    lora.from_config(block)
+    lora.from_config({**BLOCK, **block})
 
 
 def test_config_parses_comma_lists():
   lcfg = lora.from_config({"rank": 8, "alpha": 16.0, "targets": "q, v", "models": "policy"})
   assert lcfg.targets == ("q", "v") and lcfg.scale == 2.0
   assert lcfg.applies_to("policy") and not lcfg.applies_to("sft")
-  assert not lora.from_config({"rank": 0}).applies_to("policy")
+  assert not lora.from_config({**BLOCK, "rank": 0}).applies_to("policy")

@@ -17,6 +17,8 @@ from rlhfjax.simulated import arithmetic
 from rlhfjax.training import checkpoint
 from rlhfjax.training import metrics as metrics_lib
 
+BLOCK = {"functions": "", "weights": "", "model_weight": 1.0}  # A `reward` block: all its keys.
+
 FUNCTIONS = '''
 def vowels(prompts, completions, completion_ids, **columns):
     """The share of vowels in a completion; None for an empty one."""
@@ -63,7 +65,7 @@ def _examples(n):
 
 
 def test_weighted_sum_with_none_as_zero_and_columns(functions_file):
-  fns = reward_functions.load({"functions": f"{functions_file}:vowels,{functions_file}:short,"
+  fns = reward_functions.load({**BLOCK, "functions": f"{functions_file}:vowels,{functions_file}:short,"
                                             f"{functions_file}:by_column",
                                "weights": "2.0,1.0,0.5"})
   assert [f.name for f in fns] == ["vowels", "short", "by_column"]
@@ -95,7 +97,7 @@ def test_conversational_prompts_and_completions_are_messages(functions_file):
 
 
 def test_failures_name_the_function_and_the_example(functions_file):
-  load = lambda name: reward_functions.load({"functions": f"{functions_file}:{name}"})
+  load = lambda name: reward_functions.load({**BLOCK, "functions": f"{functions_file}:{name}"})
   with pytest.raises(reward_functions.RewardFunctionError,
                      match=r"reward function 'raising' .* raised ValueError: no boom on example "
                            r"1 \(id 'q1'\)"):
@@ -110,16 +112,16 @@ def test_failures_name_the_function_and_the_example(functions_file):
 
 def test_config_errors(functions_file):
   with pytest.raises(ConfigError, match="reward.functions: 'nocolon'"):
-    reward_functions.load({"functions": "nocolon"})
+    reward_functions.load({**BLOCK, "functions": "nocolon"})
   with pytest.raises(ConfigError, match="has no function 'missing'"):
-    reward_functions.load({"functions": f"{functions_file}:missing"})
+    reward_functions.load({**BLOCK, "functions": f"{functions_file}:missing"})
   with pytest.raises(ConfigError, match="cannot import no_such_module"):
-    reward_functions.load({"functions": "no_such_module:f"})
+    reward_functions.load({**BLOCK, "functions": "no_such_module:f"})
   with pytest.raises(ConfigError, match="2 weights for 1 functions"):
-    reward_functions.load({"functions": f"{functions_file}:short", "weights": "1,2"})
+    reward_functions.load({**BLOCK, "functions": f"{functions_file}:short", "weights": "1,2"})
   with pytest.raises(ConfigError, match="model_weight=0 leaves no reward"):
-    reward_functions.load({"functions": "", "model_weight": 0.0})
-  assert reward_functions.load({"functions": "rlhfjax.rollout.reward_functions:load"})
+    reward_functions.load({**BLOCK, "functions": "", "model_weight": 0.0})
+  assert reward_functions.load({**BLOCK, "functions": "rlhfjax.rollout.reward_functions:load"})
 
 
 def _workdir(tiny_pipeline, tmp_path, name, parts=("tokenizer.model", "sft", "rm")):

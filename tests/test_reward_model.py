@@ -137,7 +137,8 @@ def test_train_step_learns_a_preference():
            "chosen": np.concatenate([body, np.full((n, 1), 20, np.int32)], 1), "chosen_mask": mask,
            "rejected": np.concatenate([body, np.full((n, 1), 21, np.int32)], 1), "rejected_mask": mask}
   tx = optimizer.adamw(dict(lr=3e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9,
-                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0), 30)
+                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                            skip_nonfinite=0), 30)
   step = jax.jit(functools.partial(reward_model.train_step, cfg=CFG, tx=tx))
   state = TrainState.create(PARAMS, tx)
   state, first = step(state, batch)
@@ -160,7 +161,8 @@ def test_train_step_adds_the_weighted_contrastive_loss():
 
   labelled, extra = pairs(4), pairs(2)
   tx = optimizer.adamw(dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9,
-                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0), 1)
+                            b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0,
+                            skip_nonfinite=0), 1)
 
   def bt(batch):
     r = [reward_model.score(PARAMS, {"prompt": batch["prompt"], "prompt_mask": batch["prompt_mask"],

@@ -15,6 +15,8 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.parallel import rollout
 from rlhfjax.parallel.mesh import make_mesh
 
+AUTO = {"mesh": "auto", "dtype": "auto"}  # The `rollout` block's keys as configs/tldr_sim.py sets them.
+
 # A vocabulary of 8: eos (1) comes often, so rows end at different steps.
 CFG = ModelConfig(variant="llama", vocab_size=8, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                   d_ff=64, max_len=64)
@@ -70,7 +72,7 @@ def test_choose_layout():
   big = ModelConfig(variant="llama", vocab_size=1024, d_model=512, n_layers=4, n_heads=8,
                     n_kv_heads=8, d_ff=1024, max_len=64, dtype="bfloat16")
   choose = lambda block, free=None, platform="tpu", shape=None: rollout.choose(
-      block, big, shape or {"data": 1, "fsdp": 8, "tensor": 1}, platform=platform, fast_domain=4,
+      {**AUTO, **block}, big, shape or {"data": 1, "fsdp": 8, "tensor": 1}, platform=platform, fast_domain=4,
       rows=16, length=64, free_bytes=free)
   cpu = choose({}, platform="cpu")
   assert (cpu.data, cpu.fsdp, cpu.tensor, cpu.dtype) == (8, 1, 1, "bfloat16")
@@ -84,7 +86,7 @@ def test_choose_layout():
   assert "does not fit" in choose({}, free=need8 / 2).reason
   # One kv head: past tensor=1 every device holds its rows' whole cache, and more rows per replica
   # as tensor grows; with a long cache that outweighs the weights saved.
-  one_kv = rollout.choose({}, dataclasses.replace(big, n_kv_heads=1), {"data": 8, "fsdp": 1,
+  one_kv = rollout.choose(AUTO, dataclasses.replace(big, n_kv_heads=1), {"data": 8, "fsdp": 1,
                                                                        "tensor": 1},
                           platform="gpu", fast_domain=8, rows=64, length=4096, free_bytes=None)
   assert one_kv.tensor == 1 and "fewest bytes" in one_kv.reason
@@ -99,7 +101,7 @@ def test_choose_layout():
     choose({"dtype": "bf17"})
   rollout.check({"mesh": "data=2,tensor=4", "dtype": "auto"}, big, 8)  # Checked before any work.
   with pytest.raises(ConfigError, match="rollout.mesh"):
-    rollout.check({"mesh": "data=2,tensor=2"}, big, 8)
+    rollout.check({"mesh": "data=2,tensor=2", "dtype": "auto"}, big, 8)
   # Per device: bf16 weights split 4 ways (vocabulary, heads, MLP units) and the KV cache.
   per_layer = 3 * 512 * 1024 / 4 + 4 * 512 * 64 * 8 / 4
   assert rollout.weight_bytes(big, 4, "bfloat16") == 2 * (4 * per_layer + 1024 * 512 / 4)
@@ -109,7 +111,7 @@ def test_choose_layout():
 def test_reshard_casts_matmul_weights_keeps_norms_and_copies_once():
   cfg = dataclasses.replace(CFG, dtype="bfloat16")
   mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  layout = rollout.choose({}, cfg, dict(mesh.shape), platform="cpu", fast_domain=1, rows=4,
+  layout = rollout.choose(AUTO, cfg, dict(mesh.shape), platform="cpu", fast_domain=1, rows=4,
                           length=29, free_bytes=None)
   axes = transformer.param_axes(cfg)
   copy = rollout.reshard(PARAMS, axes, layout, rollout.mesh(layout, mesh))

@@ -61,7 +61,8 @@ def test_tis_weights_are_the_capped_ratio_without_gradient():
   np.testing.assert_allclose(w[:, :3], [WEIGHTS], rtol=1e-6)
   grad = jax.grad(lambda old: online.tis_weights(old, BATCH, TIS, "grpo").sum())(OLD)
   np.testing.assert_array_equal(grad, 0.0)
-  assert online.tis_weights(OLD, BATCH, ml_collections.ConfigDict({}), "grpo") is None
+  with pytest.raises(AttributeError, match="truncated_is"):  # No default in the code: the config's.
+    online.tis_weights(OLD, BATCH, ml_collections.ConfigDict({}), "grpo")
   assert online.tis_weights(OLD, BATCH, ml_collections.ConfigDict(
       dict(truncated_is=False, tis_cap=2.0)), "grpo") is None
   with pytest.raises(ConfigError, match=r"rloo.truncated_is .*'sampler_logprobs'"):

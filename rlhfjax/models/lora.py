@@ -75,14 +75,14 @@ def from_config(block: Mapping[str, Any] | None) -> LoraConfig:
   unknown = sorted(set(block) - known)
   if unknown:
     raise ConfigError(f"unknown lora config key(s): {', '.join('lora.' + k for k in unknown)}")
-  rank, alpha = block.get("rank", 0), block.get("alpha", 16.0)
+  rank, alpha = block["rank"], block["alpha"]
   if not isinstance(rank, int) or rank < 0:
     raise ConfigError(f"lora.rank must be an integer >= 0 (0: no adapters), got {rank!r}")
   if not alpha > 0:
     raise ConfigError(f"lora.alpha must be > 0, got {alpha!r}")
-  return LoraConfig(rank, float(alpha), _names(block.get("targets", TARGETS), "targets",
+  return LoraConfig(rank, float(alpha), _names(block["targets"], "targets",
                                                tuple(TARGETS)),
-                    _names(block.get("models", MODELS), "models", MODELS))
+                    _names(block["models"], "models", MODELS))
 
 
 def _targets(layers: Mapping[str, Any], lcfg: LoraConfig) -> list[tuple[str, str, int]]:

@@ -115,10 +115,10 @@ def _dtype(name: str, cfg: ModelConfig) -> str:
 def check(block: Mapping[str, Any], cfg: ModelConfig, devices: int) -> None:
   """Raises a ConfigError naming `rollout.mesh` or `rollout.dtype` when the block cannot work on
   `devices` devices: checked before any work, not at a run's first rollout."""
-  spec = str(block.get("mesh", "auto"))
+  spec = str(block["mesh"])
   if spec not in MODES:
     _parse(spec, devices)
-  _dtype(str(block.get("dtype", "auto")), cfg)
+  _dtype(str(block["dtype"]), cfg)
 
 
 def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str, int], *,
@@ -128,8 +128,8 @@ def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str,
   `train_shape`, for batches of `rows` sequences of `length` cache slots. `fast_domain`: devices
   on one fast interconnect (a GPU host's, a TPU slice's); `free_bytes`: per-device bytes left
   beside the training state (None: unknown, take everything as fitting)."""
-  spec, devices = str(block.get("mesh", "auto")), math.prod(train_shape.values())
-  dtype = _dtype(str(block.get("dtype", "auto")), cfg)
+  spec, devices = str(block["mesh"]), math.prod(train_shape.values())
+  dtype = _dtype(str(block["dtype"]), cfg)
   if spec == "train":
     return Layout(**dict(train_shape), dtype=cfg.param_dtype if dtype == cfg.dtype else dtype,
                   reason="rollout.mesh='train': the trainer's layout and weights")

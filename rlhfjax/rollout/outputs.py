@@ -63,7 +63,7 @@ def pass_counts(exp: experiment.Experiment, params: Any, examples: Sequence[pipe
   k = int(e.pass_k)
   if k <= 0:
     return {}
-  correct = reward_functions.load({"functions": e.correct})
+  correct = reward_functions.load({"functions": e.correct, "weights": "", "model_weight": 1.0})
   repeated = [x for x in examples for _ in range(k)]
   texts, _ = engine.sample_texts(exp, params, repeated, jax.random.key(exp.config.seed + 5),
                                  e.pass_temperature, e.batch_size, control=control)

@@ -82,8 +82,8 @@ def _split(value: Any) -> list[str]:
 
 def load(reward: Mapping[str, Any]) -> tuple[RewardFunction, ...]:
   """The functions of the config block `reward` (`functions`, `weights`), checked."""
-  refs = _split(reward.get("functions", ""))
-  weights = [float(w) for w in _split(reward.get("weights", ""))] or [1.0] * len(refs)
+  refs = _split(reward["functions"])
+  weights = [float(w) for w in _split(reward["weights"])] or [1.0] * len(refs)
   if len(weights) != len(refs):
     raise ConfigError(f"reward.weights has {len(weights)} weights for {len(refs)} functions "
                       "(reward.functions)")
@@ -93,14 +93,14 @@ def load(reward: Mapping[str, Any]) -> tuple[RewardFunction, ...]:
   if len(set(names)) != len(names):
     raise ConfigError(f"reward.functions: two functions share a name ({', '.join(names)}): their "
                       "logs would collide")
-  if float(reward.get("model_weight", 1.0)) == 0.0 and not out:
+  if float(reward["model_weight"]) == 0.0 and not out:
     raise ConfigError("reward.model_weight=0 leaves no reward: name reward.functions")
   return out
 
 
 def uses_model(reward: Mapping[str, Any]) -> bool:
   """Whether the reward model's score is part of the reward (`reward.model_weight` not 0)."""
-  return float(reward.get("model_weight", 1.0)) != 0.0
+  return float(reward["model_weight"]) != 0.0
 
 
 def _example_id(example: Any, i: int) -> str:

@@ -104,8 +104,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
       tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
                                         tcfg.vocab_size, tcfg.model_type,
                                         tcfg.split_by_unicode_script)
-  if config.format.get("chat_template"):
-    tok.chat_template = str(config.format.chat_template)
+  if template := config.format.get("chat_template"):
+    tok.chat_template = str(template)
   check_files(config)
   if any(getattr(e, "messages", None) is not None for split in splits.values() for e in split):
     chat.require_template(tok, "data.train_file")
