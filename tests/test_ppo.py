@@ -68,7 +68,7 @@ def test_adaptive_kl_controller():
 
 
 def _loss_batch(**kw):
-  b = {"logprobs": jnp.zeros((1, 2)), "values": jnp.zeros((1, 2)), "returns": jnp.ones((1, 2)),
+  b = {"old_logprobs": jnp.zeros((1, 2)), "values": jnp.zeros((1, 2)), "returns": jnp.ones((1, 2)),
        "advantages": jnp.ones((1, 2)), "response_mask": jnp.array([[True, False]])}
   b.update(kw)
   return b
@@ -141,7 +141,7 @@ def test_nothing_after_eos_counts():
   # Garbage tokens after the eos (where the mask is False) change nothing.
   junk = jnp.where(batch["response_mask"], batch["response"], 9)
   dirty, stats2 = fn(params, policy, reward, {**batch, "response": junk}, jnp.asarray(0.05))
-  for k in ("logprobs", "values", "advantages", "returns"):
+  for k in ("old_logprobs", "values", "advantages", "returns"):
     np.testing.assert_allclose(clean[k], dirty[k], atol=1e-5, err_msg=k)
   for k in ("objective/kl", "objective/scores", "objective/entropy"):
     assert float(stats[k]) == pytest.approx(float(stats2[k]), abs=1e-5), k
@@ -201,7 +201,7 @@ def test_policy_trunk_values_are_the_head_on_the_policy_hidden_states():
   np.testing.assert_allclose(rollout["values"], want, atol=1e-5)
   # The log-probs from that same forward are the separate layout's.
   separate, _ = fn({"policy": policy, "value": reward}, policy, reward, batch, jnp.asarray(0.05))
-  np.testing.assert_allclose(rollout["logprobs"], separate["logprobs"], atol=1e-5)
+  np.testing.assert_allclose(rollout["old_logprobs"], separate["old_logprobs"], atol=1e-5)
 
 
 def test_policy_trunk_train_step_trains_one_backbone():

@@ -114,13 +114,13 @@ def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: 
 
 def policy_loss(logp: jax.Array, batch: dict[str, jax.Array],
                 cliprange: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The clipped surrogate on per-token ratios and advantages (`batch['logprobs']` the old
+  """The clipped surrogate on per-token ratios and advantages (`batch['old_logprobs']` the old
   log-probs, `batch['advantages']` [B, R]), as a token mean over the real tokens. With
   `tis_weights` in the batch (online.tis_weights) each token's clipped surrogate term is multiplied
   by its weight, as verl and TRL do."""
   m = batch["response_mask"].astype(jnp.float32)
   adv = batch["advantages"]
-  log_ratio = logp - batch["logprobs"]
+  log_ratio = logp - batch["old_logprobs"]
   ratio = jnp.exp(log_ratio)
   pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
   pg = jnp.maximum(pg1, pg2)
@@ -202,7 +202,7 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
-  rollout = {**batch, "logprobs": logp, "values": values, "advantages": adv, "returns": returns}
+  rollout = {**batch, "old_logprobs": logp, "values": values, "advantages": adv, "returns": returns}
   weights = online.tis_weights(logp, batch, c, "ppo")
   if weights is not None:
     rollout["tis_weights"] = weights

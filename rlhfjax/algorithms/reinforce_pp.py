@@ -72,10 +72,10 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   mask = batch["response_mask"]
-  kl = e["logprobs"] - e["ref_logprobs"]  # 0 at padding: both log-probs are.
+  kl = e["old_logprobs"] - e["ref_logprobs"]  # 0 at padding: both log-probs are.
   returns, adv = advantages(e["scores"], kl, mask, c, c.k)
-  data = {**batch, "logprobs": e["logprobs"], "advantages": adv}
-  weights = online.tis_weights(e["logprobs"], batch, c, "reinforce_pp")
+  data = {**batch, "old_logprobs": e["old_logprobs"], "advantages": adv}
+  weights = online.tis_weights(e["old_logprobs"], batch, c, "reinforce_pp")
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -93,7 +93,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
            "objective/non_score_reward": non_score.mean(),
            "objective/rlhf_reward": (e["scores"] + non_score).mean(),
            "returns/mean": online.masked_mean(returns, mask),
-           **online.sampler_gap(e["logprobs"], batch)}
+           **online.sampler_gap(e["old_logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

@@ -250,7 +250,9 @@ def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline
                cfg: ModelConfig, temperature: float, eos_id: sampling.EosIds,
                no_eos_score: float | None, group: int = 1) -> dict[str, jax.Array]:
   """What every critic-free online method needs of a sampled batch, in one pure function: per-token
-  log-probs of the policy and the reference at the sampling temperature and the policy's entropy
+  log-probs of the policy (`old_logprobs`, log π_old: the policy before the step's updates; TRL's
+  PPO/RLOO trainers and lm-human-preference-details call them `logprobs`, TRL's GRPO
+  `old_per_token_logps`) and the reference at the sampling temperature and the policy's entropy
   [B, R] (0 at padding), and the reward model's scores at eos [B] (raw and after truncation).
   `group` k > 1: the three models compute each prompt once for its k adjacent samples
   (policy.hidden_states)."""
@@ -258,5 +260,5 @@ def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline
                                               group=group)
   ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=temperature, group=group)
   scores, raw = rewards_at_eos(reward_params, batch, cfg, eos_id, no_eos_score, group)
-  return {"logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
+  return {"old_logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
           "raw_scores": raw}
