@@ -92,9 +92,9 @@ SAMPLING = sampling.SamplingConfig(max_new_tokens=R, eos_id=EOS, pad_id=0, tempe
                                    cache_block=3)
 # Each critic-free method's builder and the loss it reports.
 CRITIC_FREE = {
-    "rloo": (rloo.program, "loss/policy_avg"), "grpo": (grpo.program, "loss/policy"),
-    "dapo_gspo": (functools.partial(grpo.program, task="dapo"), "loss/policy"),
-    "reinforce_pp": (reinforce_pp.program, "loss/policy"),
+    "rloo": (rloo.program, "loss/policy_avg"), "grpo": (grpo.program, "loss/policy_avg"),
+    "dapo_gspo": (functools.partial(grpo.program, task="dapo"), "loss/policy_avg"),
+    "reinforce_pp": (reinforce_pp.program, "loss/policy_avg"),
     "online_dpo": (online_dpo.program, "loss/dpo"),
 }
 

@@ -25,8 +25,8 @@ from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 
 TRL_NAMES = ("objective/kl", "objective/entropy", "objective/scores", "objective/rlhf_reward",
-             "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/ratio",
-             "val/num_eos_tokens", "objective/gold", "time/episodes_per_s",
+             "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
+             "val/ratio", "val/num_eos_tokens", "objective/gold", "time/episodes_per_s",
              "time/generation_share")
 
 
@@ -217,9 +217,9 @@ ONLINE_NAMES = {
     "rloo": ("objective/kl", "objective/scores", "objective/rlhf_reward", "policy/approxkl_avg",
              "policy/clipfrac_avg", "loss/policy_avg", "val/ratio"),
     "grpo": ("objective/kl", "objective/scores", "reward", "reward_std", "frac_reward_zero_std",
-             "kl", "clip_ratio", "loss/policy"),
+             "kl", "policy/clipfrac_avg", "loss/policy_avg"),
     "reinforce_pp": ("objective/kl", "objective/scores", "objective/rlhf_reward",
-                     "policy/approxkl", "policy/clipfrac", "loss/policy", "val/ratio",
+                     "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "val/ratio",
                      "returns/mean"),
     "online_dpo": ("objective/kl", "objective/scores", "objective/scores_margin",
                    "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",

@@ -81,7 +81,7 @@ def test_policy_loss_is_clipped():
   lp = jnp.array([[0.4, 3.0]])
   assert float(loss_fn(lp)) == pytest.approx(-1.2, rel=1e-6)
   np.testing.assert_allclose(jax.grad(loss_fn)(lp), 0.0)
-  assert float(ppo.ppo_losses(lp, jnp.zeros((1, 2)), b, 0.2, 0.2)[2]["policy/clipfrac"]) == 1.0
+  assert float(ppo.ppo_losses(lp, jnp.zeros((1, 2)), b, 0.2, 0.2)[2]["policy/clipfrac_avg"]) == 1.0
   # Ratio e^-0.4 with a positive advantage: unclipped (pessimistic) term, gradient flows.
   lp = jnp.array([[-0.4, 0.0]])
   assert float(loss_fn(lp)) == pytest.approx(-np.exp(-0.4), rel=1e-6)
@@ -223,7 +223,7 @@ def test_policy_trunk_train_step_trains_one_backbone():
   tx = ppo.adamw(c)
   step = jax.jit(functools.partial(ppo.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))
   new, m = step(state, policy, reward, batch, jax.random.key(0))
-  for k in ("loss/policy", "loss/value", "loss/total"):
+  for k in ("loss/policy_avg", "loss/value_avg", "loss/total"):
     assert np.isfinite(float(m[k])), k
   for name in ("policy", "value_head"):
     moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params[name], state.params[name])

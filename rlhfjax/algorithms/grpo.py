@@ -249,8 +249,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     rows = mb.get("rows")
     loss = aggregate(losses, mask, c.loss_type, rows)
     counted = mask if rows is None else mask * rows[:, None]  # The tokens the loss counts.
-    return loss, {"loss/policy": loss, "kl": online.masked_mean(kl, counted),
-                  "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), counted)}
+    return loss, {"loss/policy_avg": loss, "kl": online.masked_mean(kl, counted),
+                  "policy/clipfrac_avg": online.masked_mean(clipped.astype(jnp.float32), counted)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx, group)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
@@ -218,7 +219,7 @@ def policy_init(exp: experiment.Experiment, tx: optax.GradientTransformation
                 ) -> Callable[[Any], TrainState]:
   """`make(init_params)`: a critic-free method's state `{'policy'}` trained from `init_params`
   (with fresh adapters where LoRA applies to it)."""
-  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.POLICY_LORA)
   # A copy: the trained tree must not alias the frozen reference.
   return lambda p: TrainState.create(
       {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
@@ -343,7 +344,8 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   reward_fn = rewards.reward_of_texts(exp, reward_params, functions)
   # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
   curve_temperature = outputs.kl_temperature(exp)
-  key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
+  key, eval_key = jax.random.split(
+      jax.random.fold_in(jax.random.key(config.seed), rng_streams.ONLINE))
 
   task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
