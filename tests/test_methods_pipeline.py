@@ -17,7 +17,7 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
 from rlhfjax import main
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.training import checkpoint
@@ -315,7 +315,7 @@ def test_a_dapo_iteration_copies_the_policy_once_for_all_its_draws(tiny_pipeline
     out = jax.tree.map(jnp.copy, params)
     made.update({id(x): x for x in jax.tree.leaves(out)})
     return out
-  monkeypatch.setattr(rollout, "reshard", reshard)
+  monkeypatch.setattr(parallel_rollout, "reshard", reshard)
   # The iteration runs between the held-out points of steps 0 and 1: after each of its draws, the
   # copies made since the first point.
   points, after_first, per_draw = [], [0], []
