@@ -32,7 +32,7 @@ from rlhfjax.models.config import ModelConfig  # noqa: E402
 from rlhfjax.models import heads, lora, sampling, transformer  # noqa: E402
 from rlhfjax.models import sharding_rules  # noqa: E402
 from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
-from rlhfjax.parallel import rollout  # noqa: E402
+from rlhfjax.parallel import rollout as parallel_rollout  # noqa: E402
 from rlhfjax.parallel.sharding import Parallel, bytes_per_device, to_host  # noqa: E402
 from rlhfjax.stages import memory  # noqa: E402
 from rlhfjax.training import experiment, loaders  # noqa: E402
@@ -92,9 +92,9 @@ SAMPLING = sampling.SamplingConfig(max_new_tokens=R, eos_id=EOS, pad_id=0, tempe
                                    cache_block=3)
 # Each critic-free method's builder and the loss it reports.
 CRITIC_FREE = {
-    "rloo": (rloo.program, "loss/policy_avg"), "grpo": (grpo.program, "loss/policy"),
-    "dapo_gspo": (functools.partial(grpo.program, task="dapo"), "loss/policy"),
-    "reinforce_pp": (reinforce_pp.program, "loss/policy"),
+    "rloo": (rloo.program, "loss/policy_avg"), "grpo": (grpo.program, "loss/policy_avg"),
+    "dapo_gspo": (functools.partial(grpo.program, task="dapo"), "loss/policy_avg"),
+    "reinforce_pp": (reinforce_pp.program, "loss/policy_avg"),
     "online_dpo": (online_dpo.program, "loss/dpo"),
 }
 
@@ -209,10 +209,11 @@ def sample_rollouts(par: Parallel, data: list[dict[str, np.ndarray]], init: dict
   trained = par.put(init["policy"], par.shardings(axes, init["policy"]))
   out = {}
   for spec in layouts:
-    layout = rollout.choose({"mesh": spec, "dtype": "auto"}, CFG, dict(par.mesh.shape), platform="cpu",
-                            fast_domain=8, rows=B, length=P + R, free_bytes=None)
-    mesh = rollout.mesh(layout, par.mesh)
-    params = rollout.reshard(trained, axes, layout, mesh)
+    layout = parallel_rollout.choose({"mesh": spec, "dtype": "auto"}, CFG, dict(par.mesh.shape),
+                                     platform="cpu", fast_domain=8, rows=B, length=P + R,
+                                     free_bytes=None)
+    mesh = parallel_rollout.mesh(layout, par.mesh)
+    params = parallel_rollout.reshard(trained, axes, layout, mesh)
     rows = lambda x, mesh=mesh: jax.device_put(x, jax.sharding.NamedSharding(
         mesh, sharding_rules.spec(("batch", None), x.shape, mesh)))
     with jax.set_mesh(mesh):

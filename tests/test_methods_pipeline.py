@@ -17,7 +17,7 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
 from rlhfjax import main
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
 from rlhfjax.training import checkpoint
@@ -25,8 +25,8 @@ from rlhfjax.training import experiment
 from rlhfjax.training import metrics as metrics_lib
 
 TRL_NAMES = ("objective/kl", "objective/entropy", "objective/scores", "objective/rlhf_reward",
-             "policy/approxkl", "policy/clipfrac", "loss/policy", "loss/value", "val/ratio",
-             "val/num_eos_tokens", "objective/gold", "time/episodes_per_s",
+             "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
+             "val/ratio", "val/num_eos_tokens", "objective/gold", "time/episodes_per_s",
              "time/generation_share")
 
 
@@ -217,9 +217,9 @@ ONLINE_NAMES = {
     "rloo": ("objective/kl", "objective/scores", "objective/rlhf_reward", "policy/approxkl_avg",
              "policy/clipfrac_avg", "loss/policy_avg", "val/ratio"),
     "grpo": ("objective/kl", "objective/scores", "reward", "reward_std", "frac_reward_zero_std",
-             "kl", "clip_ratio", "loss/policy"),
+             "kl", "policy/clipfrac_avg", "loss/policy_avg"),
     "reinforce_pp": ("objective/kl", "objective/scores", "objective/rlhf_reward",
-                     "policy/approxkl", "policy/clipfrac", "loss/policy", "val/ratio",
+                     "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "val/ratio",
                      "returns/mean"),
     "online_dpo": ("objective/kl", "objective/scores", "objective/scores_margin",
                    "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
@@ -315,7 +315,7 @@ def test_a_dapo_iteration_copies_the_policy_once_for_all_its_draws(tiny_pipeline
     out = jax.tree.map(jnp.copy, params)
     made.update({id(x): x for x in jax.tree.leaves(out)})
     return out
-  monkeypatch.setattr(rollout, "reshard", reshard)
+  monkeypatch.setattr(parallel_rollout, "reshard", reshard)
   # The iteration runs between the held-out points of steps 0 and 1: after each of its draws, the
   # copies made since the first point.
   points, after_first, per_draw = [], [0], []

@@ -153,7 +153,7 @@ CONFIGS = {
                         cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=1,
                         minibatch_size=8, overlong_buffer=0, dynamic_sampling=False,
                         importance_sampling_level="token"),
-             "loss/policy"),
+             "loss/policy_avg"),
     "online_dpo": (online_dpo, dict(beta=0.1, loss_type="sigmoid", label_smoothing=0.0),
                    "loss/dpo"),
 }

@@ -69,7 +69,7 @@ def test_adaptive_kl_controller():
 
 
 def _loss_batch(**kw):
-  b = {"logprobs": jnp.zeros((1, 2)), "values": jnp.zeros((1, 2)), "returns": jnp.ones((1, 2)),
+  b = {"old_logprobs": jnp.zeros((1, 2)), "values": jnp.zeros((1, 2)), "returns": jnp.ones((1, 2)),
        "advantages": jnp.ones((1, 2)), "response_mask": jnp.array([[True, False]])}
   b.update(kw)
   return b
@@ -82,7 +82,7 @@ def test_policy_loss_is_clipped():
   lp = jnp.array([[0.4, 3.0]])
   assert float(loss_fn(lp)) == pytest.approx(-1.2, rel=1e-6)
   np.testing.assert_allclose(jax.grad(loss_fn)(lp), 0.0)
-  assert float(ppo.ppo_losses(lp, jnp.zeros((1, 2)), b, 0.2, 0.2)[2]["policy/clipfrac"]) == 1.0
+  assert float(ppo.ppo_losses(lp, jnp.zeros((1, 2)), b, 0.2, 0.2)[2]["policy/clipfrac_avg"]) == 1.0
   # Ratio e^-0.4 with a positive advantage: unclipped (pessimistic) term, gradient flows.
   lp = jnp.array([[-0.4, 0.0]])
   assert float(loss_fn(lp)) == pytest.approx(-np.exp(-0.4), rel=1e-6)
@@ -142,7 +142,7 @@ def test_nothing_after_eos_counts():
   # Garbage tokens after the eos (where the mask is False) change nothing.
   junk = jnp.where(batch["response_mask"], batch["response"], 9)
   dirty, stats2 = fn(params, policy, reward, {**batch, "response": junk}, jnp.asarray(0.05))
-  for k in ("logprobs", "values", "advantages", "returns"):
+  for k in ("old_logprobs", "values", "advantages", "returns"):
     np.testing.assert_allclose(clean[k], dirty[k], atol=1e-5, err_msg=k)
   for k in ("objective/kl", "objective/scores", "objective/entropy"):
     assert float(stats[k]) == pytest.approx(float(stats2[k]), abs=1e-5), k
@@ -202,7 +202,7 @@ def test_policy_trunk_values_are_the_head_on_the_policy_hidden_states():
   np.testing.assert_allclose(rollout["values"], want, atol=1e-5)
   # The log-probs from that same forward are the separate layout's.
   separate, _ = fn({"policy": policy, "value": reward}, policy, reward, batch, jnp.asarray(0.05))
-  np.testing.assert_allclose(rollout["logprobs"], separate["logprobs"], atol=1e-5)
+  np.testing.assert_allclose(rollout["old_logprobs"], separate["old_logprobs"], atol=1e-5)
 
 
 def test_policy_trunk_train_step_trains_one_backbone():
@@ -224,7 +224,7 @@ def test_policy_trunk_train_step_trains_one_backbone():
   tx = ppo.adamw(c)
   step = jax.jit(functools.partial(ppo.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))
   new, m = step(state, policy, reward, batch, jax.random.key(0))
-  for k in ("loss/policy", "loss/value", "loss/total"):
+  for k in ("loss/policy_avg", "loss/value_avg", "loss/total"):
     assert np.isfinite(float(m[k])), k
   for name in ("policy", "value_head"):
     moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params[name], state.params[name])

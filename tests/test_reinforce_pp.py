@@ -120,8 +120,8 @@ def test_one_step_trains_the_policy_against_whitened_advantages(estimator, k):
   step = jax.jit(functools.partial(reinforce_pp.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))
   new, m = step(state, ref, rm, batch, jax.random.key(1))
   assert all(np.isfinite(float(v)) for v in m.values()), m
-  for name in ("loss/policy", "policy/clipfrac", "val/ratio", "returns/mean", "objective/kl",
-               "objective/rlhf_reward"):
+  for name in ("loss/policy_avg", "policy/clipfrac_avg", "val/ratio", "returns/mean",
+               "objective/kl", "objective/rlhf_reward"):
     assert name in m, name
   np.testing.assert_allclose(m["objective/kl"], 0.0, atol=1e-5)  # The policy starts as the ref.
   moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new.params["policy"], ref)

@@ -12,7 +12,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
 from rlhfjax.models.config import ModelConfig
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.parallel.mesh import make_mesh
 
 AUTO = {"mesh": "auto", "dtype": "auto"}  # The `rollout` block's keys as configs/tldr_sim.py sets them.
@@ -71,24 +71,27 @@ def test_cache_blocks_read_the_filled_cache_only_and_sample_the_same():
 def test_choose_layout():
   big = ModelConfig(variant="llama", vocab_size=1024, d_model=512, n_layers=4, n_heads=8,
                     n_kv_heads=8, d_ff=1024, max_len=64, dtype="bfloat16")
-  choose = lambda block, free=None, platform="tpu", shape=None: rollout.choose(
-      {**AUTO, **block}, big, shape or {"data": 1, "fsdp": 8, "tensor": 1}, platform=platform, fast_domain=4,
-      rows=16, length=64, free_bytes=free)
+  choose = lambda block, free=None, platform="tpu", shape=None: parallel_rollout.choose(
+      {**AUTO, **block}, big, shape or {"data": 1, "fsdp": 8, "tensor": 1}, platform=platform,
+      fast_domain=4, rows=16, length=64, free_bytes=free)
   cpu = choose({}, platform="cpu")
   assert (cpu.data, cpu.fsdp, cpu.tensor, cpu.dtype) == (8, 1, 1, "bfloat16")
   host = choose({"mesh": "auto"})
   assert (host.data, host.fsdp, host.tensor) == (2, 1, 4)  # One host's 4 chips, 2 replicas.
-  need4 = rollout.weight_bytes(big, 4, "bfloat16") + rollout.cache_bytes(big, 16, 64, 2, 4)
-  need8 = rollout.weight_bytes(big, 8, "bfloat16") + rollout.cache_bytes(big, 16, 64, 1, 8)
+  need4 = (parallel_rollout.weight_bytes(big, 4, "bfloat16")
+           + parallel_rollout.cache_bytes(big, 16, 64, 2, 4))
+  need8 = (parallel_rollout.weight_bytes(big, 8, "bfloat16")
+           + parallel_rollout.cache_bytes(big, 16, 64, 1, 8))
   assert need8 < need4
   wide = choose({}, free=(need4 + need8) / 2)  # Widened until it fits.
   assert (wide.data, wide.tensor) == (1, 8) and "widened" in wide.reason
   assert "does not fit" in choose({}, free=need8 / 2).reason
   # One kv head: past tensor=1 every device holds its rows' whole cache, and more rows per replica
   # as tensor grows; with a long cache that outweighs the weights saved.
-  one_kv = rollout.choose(AUTO, dataclasses.replace(big, n_kv_heads=1), {"data": 8, "fsdp": 1,
-                                                                       "tensor": 1},
-                          platform="gpu", fast_domain=8, rows=64, length=4096, free_bytes=None)
+  one_kv = parallel_rollout.choose(AUTO, dataclasses.replace(big, n_kv_heads=1),
+                                   {"data": 8, "fsdp": 1, "tensor": 1},
+                                   platform="gpu", fast_domain=8, rows=64, length=4096,
+                                   free_bytes=None)
   assert one_kv.tensor == 1 and "fewest bytes" in one_kv.reason
   train = choose({"mesh": "train", "dtype": "auto"})
   assert (train.data, train.fsdp, train.tensor, train.dtype) == (1, 8, 1, "float32")
@@ -99,27 +102,29 @@ def test_choose_layout():
       choose({"mesh": bad})
   with pytest.raises(ConfigError, match="rollout.dtype"):
     choose({"dtype": "bf17"})
-  rollout.check({"mesh": "data=2,tensor=4", "dtype": "auto"}, big, 8)  # Checked before any work.
+  # Checked before any work.
+  parallel_rollout.check({"mesh": "data=2,tensor=4", "dtype": "auto"}, big, 8)
   with pytest.raises(ConfigError, match="rollout.mesh"):
-    rollout.check({"mesh": "data=2,tensor=2", "dtype": "auto"}, big, 8)
+    parallel_rollout.check({"mesh": "data=2,tensor=2", "dtype": "auto"}, big, 8)
   # Per device: bf16 weights split 4 ways (vocabulary, heads, MLP units) and the KV cache.
   per_layer = 3 * 512 * 1024 / 4 + 4 * 512 * 64 * 8 / 4
-  assert rollout.weight_bytes(big, 4, "bfloat16") == 2 * (4 * per_layer + 1024 * 512 / 4)
-  assert rollout.cache_bytes(big, 16, 64, 2, 4) == 2 * 4 * 8 * 2 * 64 * 64 * 2
+  assert parallel_rollout.weight_bytes(big, 4, "bfloat16") == 2 * (4 * per_layer + 1024 * 512 / 4)
+  assert parallel_rollout.cache_bytes(big, 16, 64, 2, 4) == 2 * 4 * 8 * 2 * 64 * 64 * 2
 
 
 def test_reshard_casts_matmul_weights_keeps_norms_and_copies_once():
   cfg = dataclasses.replace(CFG, dtype="bfloat16")
   mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1})
-  layout = rollout.choose(AUTO, cfg, dict(mesh.shape), platform="cpu", fast_domain=1, rows=4,
+  layout = parallel_rollout.choose(AUTO, cfg, dict(mesh.shape), platform="cpu", fast_domain=1, rows=4,
                           length=29, free_bytes=None)
   axes = transformer.param_axes(cfg)
-  copy = rollout.reshard(PARAMS, axes, layout, rollout.mesh(layout, mesh))
+  copy = parallel_rollout.reshard(PARAMS, axes, layout, parallel_rollout.mesh(layout, mesh))
   assert copy["layers"]["attn"]["q"].dtype == jnp.bfloat16
   assert copy["embed"]["embedding"].dtype == jnp.bfloat16
   assert copy["final_norm"]["scale"].dtype == jnp.float32
   assert copy["layers"]["mlp_norm"]["scale"].dtype == jnp.float32
-  assert rollout.reshard(copy, axes, layout, rollout.mesh(layout, mesh)) is copy  # No new copy.
+  # No new copy.
+  assert parallel_rollout.reshard(copy, axes, layout, parallel_rollout.mesh(layout, mesh)) is copy
   # The bf16 copy samples exactly what the float32 weights sample under bf16 compute.
   scfg = dataclasses.replace(FULL, max_new_tokens=6)
   got, want = (jax.tree.map(np.asarray, sampling.sample(p, PROMPTS, MASK, jax.random.key(3), cfg,

@@ -75,7 +75,7 @@ def test_ppo_policy_loss_by_hand():
   # With TIS × (2, 0.8, 0.5): −2, 2.4, −0.275;  token mean 0.125 / 3. The pad (ratio 9,
   # advantage 9) counts in neither. The value loss is not weighted.
   logp = OLD + jnp.log(jnp.array([[1.0, 1.5, 1.1, 9.0]]))
-  batch = {"response_mask": MASK, "logprobs": OLD, "advantages": jnp.array([[1.0, -2.0, 0.5, 9.0]]),
+  batch = {"response_mask": MASK, "old_logprobs": OLD, "advantages": jnp.array([[1.0, -2.0, 0.5, 9.0]]),
            "values": jnp.zeros((1, 4)), "returns": jnp.array([[1.0, 2.0, 3.0, 4.0]])}
   values = jnp.array([[0.5, 0.5, 0.5, 0.5]])
   pg, vf, _ = ppo.ppo_losses(logp, values, batch, 0.2, 0.2)

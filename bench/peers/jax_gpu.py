@@ -66,7 +66,7 @@ from rlhfjax.models import heads  # noqa: E402
 from rlhfjax.models import sampling  # noqa: E402
 from rlhfjax.models import transformer  # noqa: E402
 from rlhfjax.models.config import ModelConfig  # noqa: E402
-from rlhfjax.parallel import rollout  # noqa: E402
+from rlhfjax.parallel import rollout as parallel_rollout  # noqa: E402
 from rlhfjax.parallel.mesh import make_mesh  # noqa: E402
 from rlhfjax.training import optimizer  # noqa: E402
 from rlhfjax.training.state import TrainState  # noqa: E402
@@ -135,14 +135,16 @@ def in_rollout_layout(cfg: ModelConfig, rows: int, length: int,
   samples `new` tokens at temperature 1 with its cache blocks (eos disabled)."""
   block = load_config(CONFIG).rollout
   train = make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-  layout = rollout.choose(block, cfg, dict(train.shape), platform=jax.devices()[0].platform,
-                          fast_domain=jax.local_device_count(), rows=rows, length=length,
-                          free_bytes=None)
-  mesh = rollout.mesh(layout, train)
-  print(rollout.describe(layout, cfg, rows, length), file=sys.stderr)
+  layout = parallel_rollout.choose(block, cfg, dict(train.shape),
+                                   platform=jax.devices()[0].platform,
+                                   fast_domain=jax.local_device_count(), rows=rows, length=length,
+                                   free_bytes=None)
+  mesh = parallel_rollout.mesh(layout, train)
+  print(parallel_rollout.describe(layout, cfg, rows, length), file=sys.stderr)
   scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0, eos_id=NO_EOS, pad_id=0,
                                  early_stop=block.early_stop, cache_block=block.cache_block)
-  return lambda params: rollout.reshard(params, transformer.param_axes(cfg), layout, mesh), scfg
+  axes = transformer.param_axes(cfg)
+  return lambda params: parallel_rollout.reshard(params, axes, layout, mesh), scfg
 
 
 def work_sample(p: presets.Preset, cfg: ModelConfig, repeats: int) -> dict:

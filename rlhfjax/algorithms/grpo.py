@@ -196,7 +196,7 @@ def shaped_rewards(e: dict[str, jax.Array], batch: pipeline.Batch, c: Any,
                   "overlong/frac_penalized": (penalty < 0).astype(jnp.float32).mean()})
   if c.kl_in == "reward":
     m = batch["response_mask"].astype(jnp.float32)
-    rewards = rewards - c.beta * (kl_estimate(e["logprobs"], e["ref_logprobs"], c.kl_estimator)
+    rewards = rewards - c.beta * (kl_estimate(e["old_logprobs"], e["ref_logprobs"], c.kl_estimator)
                                   * m).sum(-1)
   return rewards, stats
 
@@ -228,7 +228,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   rewards, variant_stats = shaped_rewards(e, batch, c, eos_id)
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
-  data = {**batch, "old_logprobs": e["logprobs"], "ref_logprobs": e["ref_logprobs"],
+  data = {**batch, "old_logprobs": e["old_logprobs"], "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
   if c.dynamic_sampling:
     kept = informative_groups(group_std)
@@ -236,7 +236,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     variant_stats.update({
         "dynamic_sampling/dropped_groups": (~kept).sum().astype(jnp.float32),
         "dynamic_sampling/kept_fraction": kept.astype(jnp.float32).mean()})
-  weights = online.tis_weights(e["logprobs"], batch, c, task)
+  weights = online.tis_weights(e["old_logprobs"], batch, c, task)
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -249,15 +249,15 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
     rows = mb.get("rows")
     loss = aggregate(losses, mask, c.loss_type, rows)
     counted = mask if rows is None else mask * rows[:, None]  # The tokens the loss counts.
-    return loss, {"loss/policy": loss, "kl": online.masked_mean(kl, counted),
-                  "clip_ratio": online.masked_mean(clipped.astype(jnp.float32), counted)}
+    return loss, {"loss/policy_avg": loss, "kl": online.masked_mean(kl, counted),
+                  "policy/clipfrac_avg": online.masked_mean(clipped.astype(jnp.float32), counted)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx, group)
   stats = {**online.rollout_stats(e, batch, eos_id),
            "reward": rewards.mean(), "reward_std": group_std.mean(),
            "frac_reward_zero_std": (group_std < ZERO_STD).astype(jnp.float32).mean(),
-           **variant_stats, **online.sampler_gap(e["logprobs"], batch)}
+           **variant_stats, **online.sampler_gap(e["old_logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

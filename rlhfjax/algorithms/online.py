@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
@@ -108,7 +109,7 @@ def rollout_stats(e: dict[str, jax.Array], batch: pipeline.Batch,
   """TRL's rollout metrics every critic-free method logs, from `experience`'s output: the summed
   per-token KL (log π − log π_ref) and entropy, the scores before and after the truncation rule,
   the eos count and the mean response length."""
-  return {"objective/kl": (e["logprobs"] - e["ref_logprobs"]).sum(-1).mean(),
+  return {"objective/kl": (e["old_logprobs"] - e["ref_logprobs"]).sum(-1).mean(),
           "objective/entropy": e["entropy"].sum(-1).mean(),
           "objective/scores": e["scores"].mean(), "objective/raw_scores": e["raw_scores"].mean(),
           "val/num_eos_tokens": sampling.is_eos(batch["response"], eos_id).sum().astype(jnp.float32),
@@ -120,16 +121,16 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
   return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def sampler_gap(logprobs: jax.Array, batch: pipeline.Batch) -> dict[str, jax.Array]:
+def sampler_gap(old_logprobs: jax.Array, batch: pipeline.Batch) -> dict[str, jax.Array]:
   """TRL's sampler/trainer gap over the real response tokens: the mean and max of
   |log π − log π_sampler| and the min, mean and max of the ratio π / π_sampler (before any TIS
-  cap), where `logprobs` [B, R] are the trainer's recomputation before the update and
+  cap), where `old_logprobs` [B, R] are the trainer's recomputation before the update and
   `batch['sampler_logprobs']` the sampler's. The sampler may differ in layout and precision;
   this says by how much. {} for a batch without sampler log-probs (a static check)."""
   if "sampler_logprobs" not in batch:
     return {}
   m = batch["response_mask"]
-  diff = logprobs - batch["sampler_logprobs"]
+  diff = old_logprobs - batch["sampler_logprobs"]
   ratio = jnp.exp(diff)
   some = m.any()  # With no real token every statistic is 0, as in TRL.
   return {"sampling/sampling_logp_difference/mean": masked_mean(jnp.abs(diff), m),
@@ -140,18 +141,18 @@ def sampler_gap(logprobs: jax.Array, batch: pipeline.Batch) -> dict[str, jax.Arr
           "sampling/importance_sampling_ratio/max": jnp.where(m, ratio, 0.0).max()}
 
 
-def tis_weights(logprobs: jax.Array, batch: pipeline.Batch, c: Any,
+def tis_weights(old_logprobs: jax.Array, batch: pipeline.Batch, c: Any,
                 task: str) -> jax.Array | None:
   """Truncated importance sampling (Yao et al. 2025): w_t = min(π_old(y_t) / π_sampler(y_t),
   `tis_cap`) [B, R], without gradient, to multiply each token's policy-gradient loss term so the
-  update corrects for the sampler's numerics differing from the trainer's. `logprobs` are the
+  update corrects for the sampler's numerics differing from the trainer's. `old_logprobs` are the
   trainer's before the update (π_old). None with `truncated_is` off: the losses stay untouched."""
   if not c.truncated_is:
     return None
   if "sampler_logprobs" not in batch:
     raise ConfigError(f"{task}.truncated_is needs the sampler's log-probs, and this batch has no "
                       f"'sampler_logprobs'; set {task}.truncated_is=False")
-  ratio = jnp.exp(logprobs - batch["sampler_logprobs"])
+  ratio = jnp.exp(old_logprobs - batch["sampler_logprobs"])
   return jax.lax.stop_gradient(jnp.minimum(ratio, c.tis_cap))
 
 
@@ -218,7 +219,7 @@ def policy_init(exp: experiment.Experiment, tx: optax.GradientTransformation
                 ) -> Callable[[Any], TrainState]:
   """`make(init_params)`: a critic-free method's state `{'policy'}` trained from `init_params`
   (with fresh adapters where LoRA applies to it)."""
-  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  lora_key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.POLICY_LORA)
   # A copy: the trained tree must not alias the frozen reference.
   return lambda p: TrainState.create(
       {"policy": lora.adapt(lora_key, jax.tree.map(jnp.copy, p), exp.lora, "policy")}, tx)
@@ -344,7 +345,8 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   reward_fn = rewards.reward_of_texts(exp, reward_params, functions)
   # Held-out points decode as every method does on the leaderboard (KL at that temperature too).
   curve_temperature = outputs.kl_temperature(exp)
-  key, eval_key = jax.random.split(jax.random.fold_in(jax.random.key(config.seed), 7))
+  key, eval_key = jax.random.split(
+      jax.random.fold_in(jax.random.key(config.seed), rng_streams.ONLINE))
 
   task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,

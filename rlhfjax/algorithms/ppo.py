@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.algorithms import online
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
@@ -114,21 +115,21 @@ def adaptive_kl_coef(kl_coef: jax.Array, kl: jax.Array, target: float, horizon: 
 
 def policy_loss(logp: jax.Array, batch: dict[str, jax.Array],
                 cliprange: float) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """The clipped surrogate on per-token ratios and advantages (`batch['logprobs']` the old
+  """The clipped surrogate on per-token ratios and advantages (`batch['old_logprobs']` the old
   log-probs, `batch['advantages']` [B, R]), as a token mean over the real tokens. With
   `tis_weights` in the batch (online.tis_weights) each token's clipped surrogate term is multiplied
   by its weight, as verl and TRL do."""
   m = batch["response_mask"].astype(jnp.float32)
   adv = batch["advantages"]
-  log_ratio = logp - batch["logprobs"]
+  log_ratio = logp - batch["old_logprobs"]
   ratio = jnp.exp(log_ratio)
   pg1, pg2 = -adv * ratio, -adv * jnp.clip(ratio, 1.0 - cliprange, 1.0 + cliprange)
   pg = jnp.maximum(pg1, pg2)
   if "tis_weights" in batch:
     pg = pg * batch["tis_weights"]
   return online.masked_mean(pg, m), {
-      "policy/approxkl": 0.5 * online.masked_mean(jnp.square(log_ratio), m),
-      "policy/clipfrac": online.masked_mean((pg2 > pg1).astype(jnp.float32), m),
+      "policy/approxkl_avg": 0.5 * online.masked_mean(jnp.square(log_ratio), m),
+      "policy/clipfrac_avg": online.masked_mean((pg2 > pg1).astype(jnp.float32), m),
       "val/ratio": online.masked_mean(ratio, m)}
 
 
@@ -141,8 +142,8 @@ def ppo_losses(logp: jax.Array, values: jax.Array, batch: dict[str, jax.Array], 
   v_clipped = batch["values"] + jnp.clip(values - batch["values"], -cliprange_value, cliprange_value)
   vf1, vf2 = jnp.square(values - batch["returns"]), jnp.square(v_clipped - batch["returns"])
   vf_loss = 0.5 * online.masked_mean(jnp.maximum(vf1, vf2), m)
-  return pg_loss, vf_loss, {**stats,
-                            "val/clipfrac": online.masked_mean((vf2 > vf1).astype(jnp.float32), m)}
+  vf_clipped = (vf2 > vf1).astype(jnp.float32)
+  return pg_loss, vf_loss, {**stats, "val/clipfrac_avg": online.masked_mean(vf_clipped, m)}
 
 
 def _response_values(v: jax.Array, batch: pipeline.Batch) -> jax.Array:
@@ -202,7 +203,7 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
-  rollout = {**batch, "logprobs": logp, "values": values, "advantages": adv, "returns": returns}
+  rollout = {**batch, "old_logprobs": logp, "values": values, "advantages": adv, "returns": returns}
   weights = online.tis_weights(logp, batch, c, "ppo")
   if weights is not None:
     rollout["tis_weights"] = weights
@@ -224,8 +225,8 @@ def update(state: PPOState, rollout: dict[str, jax.Array], rng: jax.Array, *, cf
     pg_loss, vf_loss, stats = ppo_losses(logp, values, mb, c.cliprange, c.cliprange_value)
     loss = pg_loss + c.vf_coef * vf_loss
     m = mb["response_mask"].astype(jnp.float32)
-    return loss, {**stats, "loss/policy": pg_loss, "loss/value": vf_loss, "loss/total": loss,
-                  "policy/entropy": online.masked_mean(entropy, m)}
+    return loss, {**stats, "loss/policy_avg": pg_loss, "loss/value_avg": vf_loss,
+                  "loss/total": loss, "policy/entropy_avg": online.masked_mean(entropy, m)}
 
   return online.minibatch_updates(state, rollout, rng, loss_fn, c.epochs, c.minibatch_size, tx)
 
@@ -299,7 +300,8 @@ def init_state(exp: experiment.Experiment, sft_params: Any, rm_params: dict, *,
   # Copies: the trained trees must not alias the frozen reference and reward trees.
   params = jax.tree.map(jnp.copy, params)
   if lcfg.rank:
-    k_policy, k_value = jax.random.split(jax.random.fold_in(jax.random.key(exp.config.seed), 6))
+    k_policy, k_value = jax.random.split(jax.random.fold_in(jax.random.key(exp.config.seed),
+                                                           rng_streams.POLICY_LORA))
     params["policy"] = lora.adapt(k_policy, params["policy"], lcfg, "policy")
     if "value" in params:
       params["value"] = {**params["value"], "backbone": lora.adapt(

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
@@ -106,7 +107,7 @@ def run(config, workdir: str) -> Any:
   plain = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len)
   controlled = pipeline.encode_prompts(exp.tokenizer, examples, fmt.prompt_len,
                                        [c.control] * len(examples))
-  key = jax.random.fold_in(jax.random.key(config.seed), 9)
+  key = jax.random.fold_in(jax.random.key(config.seed), rng_streams.QUARK)
   task_dir = exp.task_dir("quark")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", 1, config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")

@@ -19,8 +19,8 @@ subtracts from each score the mean score of its prompt's k responses, then goes 
 The update is PPO's clipped surrogate on token ratios (`ppo.policy_loss`, `cliprange`), a token mean
 over each minibatch, for `epochs` passes over shuffled minibatches; no value network. `truncated_is`
 weights each token's surrogate term by min(π_old / π_sampler, tis_cap), as in PPO. Logged under
-PPO's names: objective/*, policy/approxkl, policy/clipfrac, policy/entropy, loss/policy, val/ratio,
-returns/mean.
+PPO's names: objective/*, policy/approxkl_avg, policy/clipfrac_avg, policy/entropy_avg,
+loss/policy_avg, val/ratio, returns/mean.
 """
 
 from __future__ import annotations
@@ -72,10 +72,10 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   mask = batch["response_mask"]
-  kl = e["logprobs"] - e["ref_logprobs"]  # 0 at padding: both log-probs are.
+  kl = e["old_logprobs"] - e["ref_logprobs"]  # 0 at padding: both log-probs are.
   returns, adv = advantages(e["scores"], kl, mask, c, c.k)
-  data = {**batch, "logprobs": e["logprobs"], "advantages": adv}
-  weights = online.tis_weights(e["logprobs"], batch, c, "reinforce_pp")
+  data = {**batch, "old_logprobs": e["old_logprobs"], "advantages": adv}
+  weights = online.tis_weights(e["old_logprobs"], batch, c, "reinforce_pp")
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -84,7 +84,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
                                                 temperature=c.temperature, group=group)
     loss, stats = ppo.policy_loss(logp, mb, c.cliprange)
     m = mb["response_mask"].astype(jnp.float32)
-    return loss, {**stats, "loss/policy": loss, "policy/entropy": online.masked_mean(entropy, m)}
+    return loss, {**stats, "loss/policy_avg": loss,
+                  "policy/entropy_avg": online.masked_mean(entropy, m)}
 
   state, update_stats = online.minibatch_updates(state, data, rng, loss_fn, c.epochs,
                                                  c.minibatch_size, tx, group)
@@ -93,7 +94,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
            "objective/non_score_reward": non_score.mean(),
            "objective/rlhf_reward": (e["scores"] + non_score).mean(),
            "returns/mean": online.masked_mean(returns, mask),
-           **online.sampler_gap(e["logprobs"], batch)}
+           **online.sampler_gap(e["old_logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

@@ -42,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
@@ -185,7 +186,7 @@ def train(exp: experiment.Experiment, sft_params: Any, train_comps: Sequence[rec
     metrics_lib.info(f"rm: rm.warmup_steps {c.warmup_steps} is more than the run's {steps} "
                      f"step{'s' * (steps != 1)}: warming up over {warmup(c, steps)}")
   prog = program(exp, steps, bs)
-  lora_key = jax.random.fold_in(jax.random.key(config.seed), 5)
+  lora_key = jax.random.fold_in(jax.random.key(config.seed), rng_streams.RM_LORA)
 
   def make(sft_params):
     params = loaders.init_reward_model(exp, sft_params)

@@ -83,10 +83,10 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   updates for one batch of `c.k` samples per prompt."""
   group = online.group(c, c.k)
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
-  kl = e["logprobs"] - e["ref_logprobs"]
+  kl = e["old_logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
-  data = {**batch, "old_logprobs": e["logprobs"], "advantages": adv}
-  weights = online.tis_weights(e["logprobs"], batch, c, "rloo")
+  data = {**batch, "old_logprobs": e["old_logprobs"], "advantages": adv}
+  weights = online.tis_weights(e["old_logprobs"], batch, c, "rloo")
   if weights is not None:
     data["tis_weights"] = weights
 
@@ -104,7 +104,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   stats = {**online.rollout_stats(e, batch, eos_id),
            "objective/non_score_reward": (-c.kl_coef * kl.sum(-1)).mean(),
            "objective/rlhf_reward": rewards.mean(), "objective/advantage_std": adv.std(),
-           **online.sampler_gap(e["logprobs"], batch)}
+           **online.sampler_gap(e["old_logprobs"], batch)}
   return state, {**stats, **update_stats}
 
 

@@ -42,7 +42,7 @@ from rlhfjax.models import reward
 from rlhfjax.models import sampling
 from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import generate
@@ -76,7 +76,8 @@ def _free_bytes() -> float | None:
   return float(free)
 
 
-def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layout, Parallel]:
+def rollout_layout(exp: experiment.Experiment,
+                   rows: int) -> tuple[parallel_rollout.Layout, Parallel]:
   """The rollout layout for batches of `rows` rows and the Parallel of its mesh: chosen the first
   time a run samples batches of that size (with `mesh='auto'`, beside what the devices then hold:
   the training state), said in one line, and kept for the rest of the run."""
@@ -87,11 +88,12 @@ def rollout_layout(exp: experiment.Experiment, rows: int) -> tuple[rollout.Layou
     domain = ((lambda d: getattr(d, "slice_index", 0)) if devices[0].platform == "tpu"
               else (lambda d: d.process_index))
     local = sum(domain(d) == domain(devices[0]) for d in devices)
-    layout = rollout.choose(exp.config.rollout, exp.model, dict(exp.parallel.mesh.shape),
-                            platform=devices[0].platform, fast_domain=local, rows=rows,
-                            length=length, free_bytes=_free_bytes())
-    exp.rollouts[rows] = (layout, Parallel(rollout.mesh(layout, exp.parallel.mesh)))
-    metrics.info(rollout.describe(layout, exp.model, rows, length))
+    layout = parallel_rollout.choose(exp.config.rollout, exp.model,
+                                     dict(exp.parallel.mesh.shape),
+                                     platform=devices[0].platform, fast_domain=local, rows=rows,
+                                     length=length, free_bytes=_free_bytes())
+    exp.rollouts[rows] = (layout, Parallel(parallel_rollout.mesh(layout, exp.parallel.mesh)))
+    metrics.info(parallel_rollout.describe(layout, exp.model, rows, length))
   return exp.rollouts[rows]
 
 
@@ -106,7 +108,7 @@ def rollout_params(exp: experiment.Experiment, params: Any, rows: int) -> Any:
   layout's dtype and shardings (made once per rollout; a tree already there is returned as it
   is). Drop it after the rollout."""
   layout, par = rollout_layout(exp, rows)
-  return rollout.reshard(params, _axes(exp, params), layout, par.mesh)
+  return parallel_rollout.reshard(params, _axes(exp, params), layout, par.mesh)
 
 
 def _rows(par: Parallel, x: Any) -> Any:
@@ -250,7 +252,9 @@ def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline
                cfg: ModelConfig, temperature: float, eos_id: sampling.EosIds,
                no_eos_score: float | None, group: int = 1) -> dict[str, jax.Array]:
   """What every critic-free online method needs of a sampled batch, in one pure function: per-token
-  log-probs of the policy and the reference at the sampling temperature and the policy's entropy
+  log-probs of the policy (`old_logprobs`, log π_old: the policy before the step's updates; TRL's
+  PPO/RLOO trainers and lm-human-preference-details call them `logprobs`, TRL's GRPO
+  `old_per_token_logps`) and the reference at the sampling temperature and the policy's entropy
   [B, R] (0 at padding), and the reward model's scores at eos [B] (raw and after truncation).
   `group` k > 1: the three models compute each prompt once for its k adjacent samples
   (policy.hidden_states)."""
@@ -258,5 +262,5 @@ def experience(params: Any, ref_params: Any, reward_params: Any, batch: pipeline
                                               group=group)
   ref_logp = policy.response_logprobs(ref_params, batch, cfg, temperature=temperature, group=group)
   scores, raw = rewards_at_eos(reward_params, batch, cfg, eos_id, no_eos_score, group)
-  return {"logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
+  return {"old_logprobs": logp, "ref_logprobs": ref_logp, "entropy": entropy, "scores": scores,
           "raw_scores": raw}

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
@@ -123,7 +124,7 @@ def binary(exp: experiment.Experiment, paths: dict[str, str]) -> None:
   annotator = judges.build(exp, "label.annotator", c.annotator,
                            [e for examples in chosen.values() for e in examples])
   params = loaders.load_policy(exp)
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 13)
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.LABEL_BINARY)
   for i, (split, path) in enumerate(paths.items()):
     examples = chosen[split]
     (texts,) = sample(exp, params, examples, jax.random.fold_in(key, i), k=1)
@@ -172,7 +173,7 @@ def label(exp: experiment.Experiment) -> dict[str, str]:
   layout = layout_of(exp, prompts)
   annotator = judges.build(exp, "label.annotator", c.annotator, prompts)
   params = loaders.load_policy(exp)
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 11)
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.LABEL_PAIRS)
   held_out = None
   for i, (split, path) in enumerate(paths.items()):
     examples = chosen[split]

@@ -18,7 +18,7 @@ from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.stages import costs
 from rlhfjax.stages import memory
@@ -39,15 +39,16 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
   plan = lambda batch, logit_tokens, length=seq: memory.plan(cfg, par.mesh, batch, length,
                                                              logit_tokens=logit_tokens)
   # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
-  layout = rollout.choose(config.rollout, cfg, dict(par.mesh.shape), platform="tpu",
-                          fast_domain=fast_domain, rows=b, length=seq,
-                          free_bytes=None if hbm_usable is None else hbm_usable - everything)
-  rpar = Parallel(rollout.mesh(layout, par.mesh))
+  layout = parallel_rollout.choose(config.rollout, cfg, dict(par.mesh.shape), platform="tpu",
+                                   fast_domain=fast_domain, rows=b, length=seq,
+                                   free_bytes=(None if hbm_usable is None
+                                               else hbm_usable - everything))
+  rpar = Parallel(parallel_rollout.mesh(layout, par.mesh))
   trainer = prog.args[0].params["policy"]
-  cast = functools.partial(rollout.cast, dtype=layout.dtype)
+  cast = functools.partial(parallel_rollout.cast, dtype=layout.dtype)
   policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
   policy = rpar.abstract(jax.eval_shape(cast, trainer),
-                         rollout.shardings(policy_axes, trainer, rpar.mesh))
+                         parallel_rollout.shardings(policy_axes, trainer, rpar.mesh))
   policy_sh = shardings_of(policy)
   # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
   same = all(a.dtype == r.dtype and a.sharding == r.sharding
@@ -91,7 +92,7 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
     f = flops.forward(cfg, b, 1, keys=read or seq)
     planned = plan(b, 1)
     # Weights as the matmuls read them; under fsdp they are gathered, written and read again.
-    weights = rollout.weight_bytes(cfg, layout.tensor, cfg.dtype)
+    weights = parallel_rollout.weight_bytes(cfg, layout.tensor, cfg.dtype)
     kv_slot = costs.per_chip({"k": kv["k"], "v": kv["v"]}) / seq
     hbm = (costs.per_chip(policy) + (2 * weights if layout.fsdp > 1 else 0)
            + kv_slot * ((read or seq) + 1) + 2 * costs.per_chip(logits))

@@ -24,7 +24,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.config import REMAT
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
-from rlhfjax.parallel import rollout
+from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.sources import loading
 
@@ -114,7 +114,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
   remat_policies(config)  # A bad `remat` block is named before any work.
   parallel = Parallel.from_config(config.mesh)
-  rollout.check(config.rollout, model, parallel.mesh.size)  # So is a bad `rollout`.
+  parallel_rollout.check(config.rollout, model, parallel.mesh.size)  # So is a bad `rollout`.
   needed = config.format.prompt_len + config.format.response_len
   if model.variant == "gpt2" and model.max_len < needed:
     raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import records
 from rlhfjax.data import tables
 from rlhfjax.errors import DataError
@@ -46,7 +47,7 @@ def policy_init(exp: experiment.Experiment, tx: optax.GradientTransformation,
                 model: str = "policy") -> Callable[[Any], TrainState]:
   """`make(init_params)`: the train state of a policy trained from `init_params` (a new buffer on
   the mesh when jitted, never aliasing them), with fresh adapters if `lora` applies to `model`."""
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 6)
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.POLICY_LORA)
   return lambda p: TrainState.create(lora.adapt(key, p, exp.lora, model), tx)
 
 
@@ -85,7 +86,7 @@ def load_policy(exp: experiment.Experiment, task: str = "sft", steps: int | None
 def init_reward_model(exp: experiment.Experiment, sft_params: Any) -> dict:
   """SFT backbone with a fresh scalar head (kernel std `rm.head_init_scale` / sqrt(d_model + 1),
   bias 0), and the likelihood term's weight at `rm.likelihood_weight` unless that is 0."""
-  key = jax.random.fold_in(jax.random.key(exp.config.seed), 3)
+  key = jax.random.fold_in(jax.random.key(exp.config.seed), rng_streams.RM_HEAD)
   head = heads.init_scalar_head(key, exp.model.d_model)
   params = {"backbone": sft_params,
             "head": {**head, "kernel": head["kernel"] * exp.config.rm.head_init_scale}}
