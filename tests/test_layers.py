@@ -11,7 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Imports that stay inside a function because they need an optional extra, not to dodge a cycle.
 OPTIONAL = {("rlhfjax/labeling/tasks.py", "rlhfjax.labeling.guidelines"),  # The label extra.
-            ("rlhfjax/labeling/tasks.py", "rlhfjax.labeling.server")}
+            ("rlhfjax/labeling/tasks.py", "rlhfjax.labeling.server"),
+            ("rlhfjax/labeling/tasks.py", "rlhfjax.labeling.site")}
 
 
 def _function_level_imports() -> set[tuple[str, str]]:

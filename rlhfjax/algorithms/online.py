@@ -260,12 +260,6 @@ def rollout_batch(exp: experiment.Experiment, rows: int,
   return {**batch, **(extra or {})}
 
 
-def reward_template(exp: experiment.Experiment) -> Any:
-  """The abstract reward model a run reads (None: `reward.model_weight` 0, functions alone)."""
-  return (loaders.reward_model_template(exp) if reward_functions.uses_model(exp.config.reward)
-          else None)
-
-
 def program(exp: experiment.Experiment, task: str, train_step: Callable, updates_per_step: int,
             extra: dict[str, jax.ShapeDtypeStruct] | None = None) -> program_lib.Program:
   """The update step a critic-free method `task` runs (`train_step(state, ref, reward, batch,
@@ -279,7 +273,7 @@ def program(exp: experiment.Experiment, task: str, train_step: Callable, updates
   tx = adamw(c, updates_per_step, exp.trainable("policy"))
   state, shardings = policy_template(exp, tx)
   ref = None if exp.lora.applies_to("policy") else state.params["policy"]
-  reward = reward_template(exp)
+  reward = rewards.reward_template(exp)
   step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.eos_ids),
                  (shardings, program_lib.shardings_of(ref), program_lib.shardings_of(reward),
                   par.batch, par.replicated), (shardings, par.replicated), (0,))

@@ -47,6 +47,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import outputs
 from rlhfjax.rollout import reward_functions
+from rlhfjax.rollout import rewards
 from rlhfjax.training import checkpoint
 from rlhfjax.training import experiment
 from rlhfjax.training import loaders
@@ -344,7 +345,7 @@ def program(exp: experiment.Experiment) -> program_lib.Program:
   cast = lambda tree: None if tree is None else par.abstract(
       jax.eval_shape(lambda t: frozen(t, c.frozen_dtype), tree), program_lib.shardings_of(tree))
   ref = None if exp.lora.applies_to("policy") else cast(state.params["policy"])
-  reward = cast(online.reward_template(exp))
+  reward = cast(rewards.reward_template(exp))
   step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx, eos_id=exp.eos_ids,
                                    value_cfg=value_cfg),
                  (shardings, program_lib.shardings_of(ref), program_lib.shardings_of(reward),

@@ -58,3 +58,9 @@ def training_reward(exp: experiment.Experiment
   params = (loaders.load_reward_model(exp)[0] if reward_functions.uses_model(exp.config.reward)
             else None)
   return reward_of_texts(exp, params, reward_functions.load(exp.config.reward))
+
+
+def reward_template(exp: experiment.Experiment) -> Any:
+  """The abstract reward model a run reads (None: `reward.model_weight` 0, functions alone)."""
+  return (loaders.reward_model_template(exp) if reward_functions.uses_model(exp.config.reward)
+          else None)
