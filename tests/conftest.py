@@ -73,12 +73,13 @@ def tiny_pipeline(tmp_path_factory):
   return config, workdir
 
 
-# The test files that take longest on two cores (`--durations=0` summed per file, 2026-11-27),
-# longest first. pytest-xdist hands out whole files in collection order (pytest.ini:
-# `--dist loadfile --no-loadscope-reorder`); starting these first keeps one of them from running
-# alone at the end while the other worker has nothing left to do.
-_LONGEST_FIRST = ("test_parallel.py", "test_compile.py", "test_methods_pipeline.py",
-                  "test_chaos.py", "test_family_pipelines.py", "test_notebooks.py",
+# The test files that take longest on two cores (`--durations=0` summed per file), longest first.
+# pytest-xdist hands out whole files in collection order (pytest.ini: `--dist loadfile
+# --no-loadscope-reorder`); starting these first keeps one of them from running alone at the end
+# while the other worker has nothing left to do.
+_LONGEST_FIRST = ("test_compile.py", "test_multiprocess.py", "test_family_pipelines.py",
+                  "test_notebooks.py", "test_parallel.py", "test_chaos.py",
+                  "test_methods_pipeline.py", "test_pretrained.py", "test_sft.py",
                   "test_labeling_browser.py")
 
 

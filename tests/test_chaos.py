@@ -4,7 +4,7 @@ tiny pipeline of this session; then DAPO (the GRPO step with its dynamic-samplin
 method) and KTO (an offline one), each killed in the middle of its run and relaunched, compared
 with an uninterrupted run of each: label files, outputs, reports, metrics and checkpoints equal.
 (Every method, 20 kills: docs/reliability.md; two processes killed and relaunched:
-tests/test_parallel.py.)"""
+tests/test_multiprocess.py.)"""
 
 import os
 import random
