@@ -59,7 +59,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # dtype: 'auto' (model.dtype, the compute dtype) or a dtype name. Decoding ends when every row
   # has its eos (early_stop) and reads the KV cache in blocks of cache_block tokens, each step only
   # up to its block's end (0: every slot at every step).
-  c.rollout = dict(mesh="auto", dtype="auto", early_stop=True, cache_block=128)
+  # placement (rlhfjax/parallel/placement.py): 'colocated' (sampler and trainer take turns on every
+  # device) or 'split' (the last sampler_share of the devices sample while the others train; the
+  # policy is pushed to them after each update). max_staleness: the online methods train on a
+  # batch at most that many policy versions old, generated while the trainer updates (0: sampled
+  # from the policy it trains, synchronous; asynchronous rollouts, docs/scaling.md).
+  c.rollout = dict(mesh="auto", dtype="auto", early_stop=True, cache_block=128,
+                   placement="colocated", sampler_share=0.25, max_staleness=0)
   # The online methods' reward (rlhfjax/rollout/reward_functions.py): reward functions, each
   # 'module:function' or 'file.py:function', comma-separated, with their weights ('' = all 1.0),
   # plus model_weight times the reward model's score (0: functions alone, no reward model).
@@ -181,8 +187,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0, frozen_dtype="",
                value_model="separate",
                # truncated_is: weight each token's surrogate term by min(pi_old / pi_sampler,
-               # tis_cap), TIS (Yao et al. 2025), against the sampler's numerics.
-               truncated_is=False, tis_cap=2.0,
+               # tis_cap), TIS (Yao et al. 2025), against the sampler's numerics and staleness.
+               # old_policy: the ratio's pi_old, 'recompute' (the trainer's log-probs of the
+               # policy before this update; TRL, verl) or 'sampler' (the sampler's own log-probs,
+               # the behaviour policy: with rollout.max_staleness, the stale policy's).
+               truncated_is=False, tis_cap=2.0, old_policy="recompute",
                lr=3e-4, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95,
                eps=1e-5, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0,
                log_every=1, eval_every=10, eval_examples=256)
@@ -194,8 +203,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # for its k samples, and minibatches hold whole groups (False: rows shuffled and computed alone).
   online = dict(steps=60, rollout_batch=64, temperature=1.0, penalize_no_eos=True,
                 no_eos_score=-1.0, share_prompt=True,
-                # truncated_is (rloo, grpo): as ppo's; online DPO refuses it (no such term).
-                truncated_is=False, tis_cap=2.0,
+                # truncated_is, old_policy (rloo, grpo): as ppo's; online DPO refuses them
+                # (its loss has no ratio).
+                truncated_is=False, tis_cap=2.0, old_policy="recompute",
                 lr=3e-4, warmup_steps=0,
                 schedule="linear", end_lr_frac=0.0, b1=0.9, b2=0.95, eps=1e-5, weight_decay=0.0,
                 grad_clip=1.0, skip_nonfinite=0, log_every=1, eval_every=10, eval_examples=256)

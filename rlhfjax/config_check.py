@@ -54,6 +54,8 @@ _BY_PATH: dict[str, Rule] = {
     "distributed.num_processes": _POSITIVE,
     "distributed.process_id": _NON_NEGATIVE,
     "rollout.cache_block": _NON_NEGATIVE,
+    "rollout.sampler_share": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "rollout.max_staleness": _NON_NEGATIVE,
 }
 _NOT_CHECKED = ("mesh", "seed", "data.seed", "annotators.seed", "labeling.seed", "no_eos_score",
                 "head_init_scale", "reference_noise")

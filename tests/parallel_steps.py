@@ -212,7 +212,7 @@ def sample_rollouts(par: Parallel, data: list[dict[str, np.ndarray]], init: dict
     layout = parallel_rollout.choose({"mesh": spec, "dtype": "auto"}, CFG, dict(par.mesh.shape),
                                      platform="cpu", fast_domain=8, rows=B, length=P + R,
                                      free_bytes=None)
-    mesh = parallel_rollout.mesh(layout, par.mesh)
+    mesh = parallel_rollout.mesh(layout, par.mesh.devices)
     params = parallel_rollout.reshard(trained, axes, layout, mesh)
     rows = lambda x, mesh=mesh: jax.device_put(x, jax.sharding.NamedSharding(
         mesh, sharding_rules.spec(("batch", None), x.shape, mesh)))

@@ -118,13 +118,13 @@ def test_reshard_casts_matmul_weights_keeps_norms_and_copies_once():
   layout = parallel_rollout.choose(AUTO, cfg, dict(mesh.shape), platform="cpu", fast_domain=1, rows=4,
                           length=29, free_bytes=None)
   axes = transformer.param_axes(cfg)
-  copy = parallel_rollout.reshard(PARAMS, axes, layout, parallel_rollout.mesh(layout, mesh))
+  copy = parallel_rollout.reshard(PARAMS, axes, layout, parallel_rollout.mesh(layout, mesh.devices))
   assert copy["layers"]["attn"]["q"].dtype == jnp.bfloat16
   assert copy["embed"]["embedding"].dtype == jnp.bfloat16
   assert copy["final_norm"]["scale"].dtype == jnp.float32
   assert copy["layers"]["mlp_norm"]["scale"].dtype == jnp.float32
   # No new copy.
-  assert parallel_rollout.reshard(copy, axes, layout, parallel_rollout.mesh(layout, mesh)) is copy
+  assert parallel_rollout.reshard(copy, axes, layout, parallel_rollout.mesh(layout, mesh.devices)) is copy
   # The bf16 copy samples exactly what the float32 weights sample under bf16 compute.
   scfg = dataclasses.replace(FULL, max_new_tokens=6)
   got, want = (jax.tree.map(np.asarray, sampling.sample(p, PROMPTS, MASK, jax.random.key(3), cfg,

@@ -139,7 +139,7 @@ def in_rollout_layout(cfg: ModelConfig, rows: int, length: int,
                                    platform=jax.devices()[0].platform,
                                    fast_domain=jax.local_device_count(), rows=rows, length=length,
                                    free_bytes=None)
-  mesh = parallel_rollout.mesh(layout, train)
+  mesh = parallel_rollout.mesh(layout, train.devices)
   print(parallel_rollout.describe(layout, cfg, rows, length), file=sys.stderr)
   scfg = sampling.SamplingConfig(max_new_tokens=new, temperature=1.0, eos_id=NO_EOS, pad_id=0,
                                  early_stop=block.early_stop, cache_block=block.cache_block)

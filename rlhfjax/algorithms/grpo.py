@@ -228,7 +228,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   rewards, variant_stats = shaped_rewards(e, batch, c, eos_id)
   adv, group_std = group_advantages(rewards, c.k, c.scale_rewards)
-  data = {**batch, "old_logprobs": e["old_logprobs"], "ref_logprobs": e["ref_logprobs"],
+  data = {**batch, "old_logprobs": online.old_logprobs(e["old_logprobs"], batch, c),
+          "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
   if c.dynamic_sampling:
     kept = informative_groups(group_std)

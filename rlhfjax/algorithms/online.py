@@ -31,6 +31,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import transformer
+from rlhfjax.parallel import placement
 from rlhfjax.parallel.sharding import to_host
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
@@ -52,6 +53,7 @@ Step = Callable[[Any, Any, Any, pipeline.Batch, jax.Array], tuple[Any, dict[str,
 # the examples of its rows, the step) -> extra batch arrays.
 Annotate = Callable[[list[str], list, int], dict[str, np.ndarray]]
 _NOT_IN_META = ("log_every", "eval_every", "eval_examples")
+OLD_POLICIES = ("recompute", "sampler")
 
 
 def check_sampling(task: str, c: Any, k: int, why_two: str = "") -> None:
@@ -71,6 +73,12 @@ def check_sampling(task: str, c: Any, k: int, why_two: str = "") -> None:
                       f"groups")
   if c.temperature <= 0:
     raise ConfigError(f"{task}.temperature must be > 0 (the method samples), got {c.temperature}")
+  if c.old_policy not in OLD_POLICIES:
+    raise ConfigError(f"{task}.old_policy must be one of {OLD_POLICIES}, got {c.old_policy!r}")
+  if c.old_policy == "sampler" and c.truncated_is:
+    raise ConfigError(f"{task}.truncated_is weights by pi_old / pi_sampler, which is 1 with "
+                      f"{task}.old_policy='sampler' (the sampler's log-probs are pi_old): set one "
+                      f"of them back")
 
 
 def minibatch_updates_per_step(c: Any) -> int:
@@ -139,6 +147,15 @@ def sampler_gap(old_logprobs: jax.Array, batch: pipeline.Batch) -> dict[str, jax
               jnp.where(some, jnp.where(m, ratio, jnp.inf).min(), 0.0),
           "sampling/importance_sampling_ratio/mean": masked_mean(ratio, m),
           "sampling/importance_sampling_ratio/max": jnp.where(m, ratio, 0.0).max()}
+
+
+def old_logprobs(recomputed: jax.Array, batch: pipeline.Batch, c: Any) -> jax.Array:
+  """log π_old [B, R], the policy-gradient ratio's anchor, as `c.old_policy` says: 'recompute',
+  the trainer's log-probs of the policy before this iteration's updates (`recomputed`: TRL's and
+  verl's default; with stale batches the ratio is then taken against the proximal policy and TIS
+  corrects for the sampler, as AReaL's decoupled PPO); 'sampler', the sampler's own
+  (`batch['sampler_logprobs']`: the behaviour policy, however many versions old)."""
+  return batch["sampler_logprobs"] if c.old_policy == "sampler" else recomputed
 
 
 def tis_weights(old_logprobs: jax.Array, batch: pipeline.Batch, c: Any,
@@ -342,6 +359,11 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   key, eval_key = jax.random.split(
       jax.random.fold_in(jax.random.key(config.seed), rng_streams.ONLINE))
 
+  staleness = placement.check_staleness(config.rollout)
+  if staleness:  # Resuming under another staleness would train on other batches.
+    meta = {**meta, "async": {"max_staleness": staleness}}
+  metrics_lib.info(placement.describe(np.asarray(exp.parallel.mesh.devices).reshape(-1),
+                                      exp.sampler_devices, staleness))
   task_dir = exp.task_dir(task)
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
@@ -349,30 +371,54 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   state = loop.restore_if_any(ckpt, state, meta)
   start = int(state.step)
   timing = {"generate": 0.0, "total": 0.0, "episodes": 0}
+  # Batches sampled ahead of the iteration that trains on them (rollout.max_staleness > 0), by
+  # that iteration: (the policy version that sampled them, their prompts' indices, the batch).
+  # Checkpointed with the state, so a resumed run trains on the very batches it would have.
+  ahead = _restore_ahead(exp, ckpt, start) if staleness and start else {}
+
+  def keys(step):
+    """(sampling, update) keys of iteration `step`."""
+    return jax.random.split(jax.random.fold_in(key, step))
+
+  def push(state) -> tuple[Any, dict[str, float]]:
+    """The policy in the rollout layout (on the sampler's own devices under a split placement),
+    copied once an iteration for every draw it makes, with the bytes and time of the copy."""
+    t = time.perf_counter()
+    sampler = engine.rollout_params(exp, state.params["policy"], c.rollout_batch)
+    if sampler is state.params["policy"]:  # Already in the layout: nothing moved.
+      return sampler, {"perf/push_bytes": 0.0}
+    jax.block_until_ready(sampler)
+    return sampler, {"perf/push_bytes": float(placement.bytes_received(sampler)),
+                     "time/push_s": time.perf_counter() - t}
 
   def draw(sampler, step, k_sample, j):
     """Draw j of iteration `step` from `sampler` (the policy in the rollout layout): its prompts'
-    indices and `k` samples of each (with the reward functions' values, when there are any)."""
+    indices and `k` samples of each (dispatched, not waited for)."""
     idx = pipeline.batch_indices(len(examples), c.rollout_batch // k, config.seed, step, stream=j)
     rng = k_sample if j == 0 else jax.random.fold_in(k_sample, j)
     timing["episodes"] += c.rollout_batch
     batch = engine.sample_batch(sampler, exp.parallel.put_batch(prompts, idx), rng, exp,
                                 c.temperature, k=k)
-    values = {}
-    if functions:
-      batch, values = engine.add_function_rewards(exp, functions, batch,
-                                                  [examples[i] for i in idx for _ in range(k)])
+    return idx, batch
+
+  def scored(idx, batch):
+    """A draw with the reward functions' values (when there are any)."""
+    if not functions:
+      return idx, batch, {}
+    batch, values = engine.add_function_rewards(exp, functions, batch,
+                                                [examples[i] for i in idx for _ in range(k)])
     return idx, batch, values
 
   def refilled(state, sampler, step, k_sample, first, rows):
     """The batch of `rollout_batch / k` groups, those that carry a gradient first, from as few
-    draws as `refill` needs (at most `max_draws`, each from `sampler`), its examples (`rows` of
-    the first draw alone) and its reward functions' values; with its metrics."""
+    draws as `refill` needs (at most `max_draws`; the first as given, the others from `sampler`),
+    its examples (`rows` of the first draw alone) and its reward functions' values; with its
+    metrics."""
     draws = [first]
     kept = [to_host(refill.informative(state, ref_params, reward_params, first[1]))]
     groups = c.rollout_batch // k
     while sum(int(x.sum()) for x in kept) < groups and len(draws) < refill.max_draws:
-      draws.append(draw(sampler, step, k_sample, len(draws)))
+      draws.append(scored(*draw(sampler, step, k_sample, len(draws))))
       kept.append(to_host(refill.informative(state, ref_params, reward_params, draws[-1][1])))
     order = refill_order(kept, groups) if len(draws) > 1 else None
     m = {"dynamic_sampling/gen_batches": float(len(draws)),
@@ -393,22 +439,29 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
 
   def one_step(state, step):
     t0 = time.perf_counter()
-    k_sample, k_update = jax.random.split(jax.random.fold_in(key, step))
-    # The policy in the rollout layout, copied once for every draw of the iteration (the params
-    # do not change between them) and dropped before the step.
-    sampler = engine.rollout_params(exp, state.params["policy"], c.rollout_batch)
-    idx, batch, values = draw(sampler, step, k_sample, 0)
+    k_sample, k_update = keys(step)
+    # The iterations whose batches this one samples ahead, from the policy it is about to update:
+    # each is then at most `staleness` versions old when it is trained on.
+    later = [s for s in range(step + 1, min(step + staleness, c.steps - 1) + 1) if s not in ahead]
+    sampler, stats = None, {}
+    if step not in ahead or refill is not None or later:
+      sampler, stats = push(state)
+    version, idx, batch = ahead.pop(step) if step in ahead else (step, *draw(sampler, step,
+                                                                              k_sample, 0))
+    for s in later:  # Dispatched now: the sampler's devices work on them while this step trains.
+      ahead[s] = (step, *draw(sampler, s, keys(s)[0], 0))
+    idx, batch, values = scored(idx, batch)
     rows = [examples[i] for i in idx for _ in range(k)]
-    refill_stats = {}
-    if refill is not None:
+    if refill is not None:  # Refill draws come from the newest policy (version `step`).
       batch, rows, values, refill_stats = refilled(state, sampler, step, k_sample,
                                                    (idx, batch, values), rows)
+      stats.update(refill_stats)
     del sampler
     # Decoded once, for the annotators, the gold reward and the completions' log alike.
     texts = (engine.decode(exp, batch["response"]) if annotate or with_gold or functions
              else None)
     if functions:
-      refill_stats.update(reward_functions.statistics(values))
+      stats.update(reward_functions.statistics(values))
       engine.log_completions(f"{task_dir}/completions.jsonl", step, rows, texts, values,
                              to_host(batch["function_rewards"]))
     if annotate is not None:
@@ -416,7 +469,12 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
     state, m = step_fn(state, ref_params, reward_params, batch, k_update)
-    m = {**{name: float(v) for name, v in m.items()}, **refill_stats}
+    m = {**{name: float(v) for name, v in m.items()}, **stats}
+    if staleness:  # Each batch's age, and the sampler/trainer gap at that age.
+      lag = step - version
+      m["rollout/version_lag"] = float(lag)
+      m.update({f"sampling/lag_{lag}/{name.removeprefix('sampling/')}": v
+                for name, v in list(m.items()) if name.startswith("sampling/")})
     if with_gold:
       m["objective/gold"] = float(gold.gold_rewards(rows, texts).mean())
     t2 = time.perf_counter()
@@ -447,7 +505,23 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     writer.write(0, {f"eval/{name}": v for name, v in held_out(state.params["policy"]).items()})
   state = loop.run(state, c.steps, one_step, periodic, ckpt, writer,
                    c.rollout_batch * (config.format.prompt_len + config.format.response_len),
-                   task, meta, c.skip_nonfinite)
+                   task, meta, c.skip_nonfinite,
+                   extra=(lambda: _ahead_to_save(ahead)) if staleness else None)
   writer.close()
   ckpt.close()
   return state
+
+
+def _ahead_to_save(ahead: dict) -> dict | None:
+  """The batches sampled ahead, as host arrays a checkpoint holds (by iteration, as text); None
+  when there are none (the last iterations')."""
+  return {str(s): {"version": np.int64(v), "idx": np.asarray(idx), "batch": to_host(batch)}
+          for s, (v, idx, batch) in ahead.items()} or None
+
+
+def _restore_ahead(exp: experiment.Experiment, ckpt: checkpoint.Checkpointer, step: int) -> dict:
+  """The batches sampled ahead that checkpoint `step` holds, back on the trainer's devices."""
+  saved = ckpt.restore_extra(step) or {}
+  return {int(s): (int(v["version"]), np.asarray(v["idx"]),
+                   exp.parallel.put(dict(v["batch"]), exp.parallel.batch))
+          for s, v in saved.items()}

@@ -116,6 +116,9 @@ def check_config(c: Any) -> None:
   if c.truncated_is:
     raise ConfigError("online_dpo.truncated_is: online DPO's loss has no per-token policy-gradient "
                       "term to weight; set it False")
+  if c.old_policy != "recompute":
+    raise ConfigError("online_dpo.old_policy: online DPO's loss has no importance ratio to anchor; "
+                      "leave it 'recompute'")
   online.check_sampling("online_dpo", c, 2)
 
 

@@ -204,7 +204,8 @@ def experience(params: dict, ref_params: Any, reward_params: dict, batch: pipeli
            "val/mean": online.masked_mean(values, m),
            "returns/mean": online.masked_mean(returns, m),
            "response/length": m.sum(-1).mean(), **online.sampler_gap(logp, batch)}
-  rollout = {**batch, "old_logprobs": logp, "values": values, "advantages": adv, "returns": returns}
+  rollout = {**batch, "old_logprobs": online.old_logprobs(logp, batch, c), "values": values,
+             "advantages": adv, "returns": returns}
   weights = online.tis_weights(logp, batch, c, "ppo")
   if weights is not None:
     rollout["tis_weights"] = weights

@@ -74,7 +74,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   mask = batch["response_mask"]
   kl = e["old_logprobs"] - e["ref_logprobs"]  # 0 at padding: both log-probs are.
   returns, adv = advantages(e["scores"], kl, mask, c, c.k)
-  data = {**batch, "old_logprobs": e["old_logprobs"], "advantages": adv}
+  data = {**batch, "old_logprobs": online.old_logprobs(e["old_logprobs"], batch, c),
+          "advantages": adv}
   weights = online.tis_weights(e["old_logprobs"], batch, c, "reinforce_pp")
   if weights is not None:
     data["tis_weights"] = weights

@@ -85,7 +85,8 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
   e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   kl = e["old_logprobs"] - e["ref_logprobs"]
   rewards, adv = advantages(e["scores"], kl, c.k, c.kl_coef, c.normalize_advantages)
-  data = {**batch, "old_logprobs": e["old_logprobs"], "advantages": adv}
+  data = {**batch, "old_logprobs": online.old_logprobs(e["old_logprobs"], batch, c),
+          "advantages": adv}
   weights = online.tis_weights(e["old_logprobs"], batch, c, "rloo")
   if weights is not None:
     data["tis_weights"] = weights

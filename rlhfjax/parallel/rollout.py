@@ -99,7 +99,8 @@ def _parse(spec: str, devices: int) -> dict[str, int]:
     raise ConfigError(f"rollout.mesh {spec!r}: {e}") from e
   if math.prod(shape.values()) != devices:
     raise ConfigError(f"rollout.mesh {spec!r} uses {math.prod(shape.values())} devices; the "
-                      f"training mesh has {devices}: the rollout runs on the same devices")
+                      f"sampler has {devices} (the training mesh's, or its own with "
+                      f"rollout.placement='split')")
   return shape
 
 
@@ -159,10 +160,11 @@ def choose(block: Mapping[str, Any], cfg: ModelConfig, train_shape: Mapping[str,
                 f"device at tensor={t}, {_size(free_bytes)} free)")
 
 
-def mesh(layout: Layout, train_mesh: Mesh) -> Mesh:
-  """The layout's Mesh over the training mesh's devices in their order: `tensor` innermost, so a
-  tensor group is adjacent devices (one host: `jax.devices()` groups each process's devices)."""
-  devices = np.asarray(train_mesh.devices).reshape(-1)
+def mesh(layout: Layout, devices: Any) -> Mesh:
+  """The layout's Mesh over `devices` (the training mesh's, or the sampler's own under
+  rollout.placement='split') in their order: `tensor` innermost, so a tensor group is adjacent
+  devices (one host: `jax.devices()` groups each process's devices)."""
+  devices = np.asarray(devices, dtype=object).reshape(-1)
   return Mesh(devices.reshape(layout.data, layout.fsdp, layout.tensor), AXES,
               axis_types=(AxisType.Auto,) * len(AXES))
 

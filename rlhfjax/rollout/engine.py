@@ -63,11 +63,12 @@ def sampling_config(exp: experiment.Experiment, temperature: float, top_k: int =
                                  cache_block=int(r.cache_block))
 
 
-def _free_bytes() -> float | None:
-  """Bytes free on the first device beside what it holds now (90% of its limit, leaving XLA's
-  temporaries room), or None where the backend does not say (CPU). Process 0's figure on every
-  process, so that all of them choose the same layout."""
-  stats = jax.local_devices()[0].memory_stats()
+def _free_bytes(devices: list) -> float | None:
+  """Bytes free on the first of `devices` this process holds beside what it holds now (90% of its
+  limit, leaving XLA's temporaries room), or None where the backend does not say (CPU). Process
+  0's figure on every process, so that all of them choose the same layout."""
+  local = [d for d in devices if d.process_index == jax.process_index()]
+  stats = (local or jax.local_devices())[0].memory_stats()
   if not stats or "bytes_limit" not in stats:
     return None
   free = np.float64(0.9 * stats["bytes_limit"] - stats.get("bytes_in_use", 0))
@@ -83,16 +84,18 @@ def rollout_layout(exp: experiment.Experiment,
   the training state), said in one line, and kept for the rest of the run."""
   if rows not in exp.rollouts:
     length = exp.config.format.prompt_len + exp.config.format.response_len
-    devices = list(np.asarray(exp.parallel.mesh.devices).reshape(-1))
+    # The sampler's own devices (rollout.placement='split'), else the trainer's.
+    devices = list(exp.sampler_devices or np.asarray(exp.parallel.mesh.devices).reshape(-1))
     # One fast interconnect: a TPU slice's chips (ICI), else one process's devices (a GPU host).
     domain = ((lambda d: getattr(d, "slice_index", 0)) if devices[0].platform == "tpu"
               else (lambda d: d.process_index))
     local = sum(domain(d) == domain(devices[0]) for d in devices)
-    layout = parallel_rollout.choose(exp.config.rollout, exp.model,
-                                     dict(exp.parallel.mesh.shape),
+    train_shape = (dict(exp.parallel.mesh.shape) if not exp.sampler_devices
+                   else {"data": len(devices), "fsdp": 1, "tensor": 1})
+    layout = parallel_rollout.choose(exp.config.rollout, exp.model, train_shape,
                                      platform=devices[0].platform, fast_domain=local, rows=rows,
-                                     length=length, free_bytes=_free_bytes())
-    exp.rollouts[rows] = (layout, Parallel(parallel_rollout.mesh(layout, exp.parallel.mesh)))
+                                     length=length, free_bytes=_free_bytes(devices))
+    exp.rollouts[rows] = (layout, Parallel(parallel_rollout.mesh(layout, devices)))
     metrics.info(parallel_rollout.describe(layout, exp.model, rows, length))
   return exp.rollouts[rows]
 

@@ -43,7 +43,7 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
                                    fast_domain=fast_domain, rows=b, length=seq,
                                    free_bytes=(None if hbm_usable is None
                                                else hbm_usable - everything))
-  rpar = Parallel(parallel_rollout.mesh(layout, par.mesh))
+  rpar = Parallel(parallel_rollout.mesh(layout, par.mesh.devices))
   trainer = prog.args[0].params["policy"]
   cast = functools.partial(parallel_rollout.cast, dtype=layout.dtype)
   policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")

@@ -27,7 +27,8 @@ from rlhfjax.errors import ConfigError
 
 
 class Checkpointer:
-  """Saves `{'state': pytree, 'meta': json}` every `every` steps under `directory`."""
+  """Saves `{'state': pytree, 'meta': json}` (and an optional `extra` tree) every `every` steps
+  under `directory`."""
 
   def __init__(self, directory: str, every: int, keep: int = 2):
     self.every = every
@@ -66,12 +67,16 @@ class Checkpointer:
   def should_save(self, step: int) -> bool:
     return self.every > 0 and step % self.every == 0
 
-  def save(self, step: int, state: Any, meta: dict | None = None) -> None:
+  def save(self, step: int, state: Any, meta: dict | None = None, extra: Any = None) -> None:
+    """Saves `state` and `meta` as checkpoint `step`, and `extra` (host arrays that are not the
+    train state: an asynchronous run's batches in flight) in the same atomic directory."""
     if step in self._mgr.all_steps():
       return
+    items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta or {})}
+    if extra is not None:
+      items["extra"] = ocp.args.StandardSave(extra)
     with self._os_errors(step):
-      self._mgr.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta or {})))
+      self._mgr.save(step, args=ocp.args.Composite(**items))
 
   def restore(self, target: Any, step: int | None = None) -> tuple[Any, dict]:
     """Restores the state into `target`'s structure, shapes and shardings; returns (state, meta)."""
@@ -82,6 +87,12 @@ class Checkpointer:
     out = self._mgr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
     return out["state"], dict(out["meta"] or {})
+
+  def restore_extra(self, step: int) -> Any:
+    """The `extra` tree checkpoint `step` was saved with (as numpy arrays), or None."""
+    if "extra" not in self._mgr.item_metadata(step):
+      return None
+    return self._mgr.restore(step, args=ocp.args.Composite(extra=ocp.args.StandardRestore()))["extra"]
 
   def restore_meta(self, step: int | None = None) -> dict:
     """The JSON metadata of a checkpoint (the latest by default), without loading arrays."""

@@ -24,7 +24,9 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.models.config import REMAT
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
+from rlhfjax.parallel import placement
 from rlhfjax.parallel import rollout as parallel_rollout
+from rlhfjax.parallel.mesh import make_mesh
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.sources import loading
 
@@ -39,6 +41,9 @@ class Experiment:
   parallel: Parallel  # The Mesh every array of this run lives on (config.mesh).
   init_from: str = ""  # The pretrained checkpoint SFT starts from (`model.init_from`, resolved).
   lora: lora.LoraConfig = lora.LoraConfig()  # Adapters of the trained models (config `lora`).
+  # The devices the sampler has to itself under rollout.placement='split' (parallel/placement.py);
+  # empty: it shares the trainer's.
+  sampler_devices: tuple = ()
   # The rollout layouts chosen so far, by batch rows (rollout/engine.py: rollout_layout).
   rollouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -113,15 +118,18 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
   remat_policies(config)  # A bad `remat` block is named before any work.
-  parallel = Parallel.from_config(config.mesh)
-  parallel_rollout.check(config.rollout, model, parallel.mesh.size)  # So is a bad `rollout`.
+  # So is a bad `rollout` block.
+  trainer, sampler = placement.split(config.rollout)
+  placement.check_staleness(config.rollout)
+  parallel = Parallel(make_mesh(config.mesh, trainer))
+  parallel_rollout.check(config.rollout, model, len(sampler) or parallel.mesh.size)
   needed = config.format.prompt_len + config.format.response_len
   if model.variant == "gpt2" and model.max_len < needed:
     raise ConfigError(f"model.max_len ({model.max_len}) < format.prompt_len + format.response_len "
                      f"({needed})")
   write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
   return Experiment(config, workdir, splits, tok, model, parallel, init_from,
-                    lora.from_config(config.lora))
+                    lora.from_config(config.lora), tuple(sampler))
 
 
 def eos_ids(config: ml_collections.ConfigDict) -> tuple[int, ...]:

@@ -110,10 +110,12 @@ def meta_differences(stored: dict, meta: dict) -> tuple[list[str], list[str]]:
 def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, dict]],
         periodic: Callable[[Any, int, dict], dict[str, float]], ckpt: checkpoint.Checkpointer,
         writer: metrics_lib.MetricWriter, tokens_per_step: int, name: str,
-        meta: dict | None = None, skip_nonfinite: int = 0) -> Any:
+        meta: dict | None = None, skip_nonfinite: int = 0,
+        extra: Callable[[], Any] | None = None) -> Any:
   """Runs steps `state.step .. total_steps - 1`; saves every `ckpt.every` steps and at the end.
 
-  `skip_nonfinite` must be the setting the optimizer was built with (`optimizer.adamw`)."""
+  `skip_nonfinite` must be the setting the optimizer was built with (`optimizer.adamw`); `extra()`:
+  what else each checkpoint holds beside the state (Checkpointer.save)."""
   start = int(state.step)
   t0 = time.perf_counter()
   guard = _Guard(ckpt, name, skip_nonfinite, optimizer.nonfinite_updates(state)[1])
@@ -142,7 +144,7 @@ def run(state: Any, total_steps: int, one_step: Callable[[Any, int], tuple[Any, 
       if ckpt.should_save(done) or done == total_steps or stop:
         guard(*unchecked)
         unchecked = None
-        ckpt.save(done, state, meta)
+        ckpt.save(done, state, meta, extra() if extra else None)
       bar.update()
       if stop:
         ckpt.wait()
