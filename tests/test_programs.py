@@ -16,10 +16,10 @@ from rlhfjax.training import experiment
 # A jit of an update step: `.jit(functools.partial(train_step, ...` (a module's own step or the
 # one a shared builder is handed).
 _JIT_STEP = re.compile(r"\.jit\(\s*functools\.partial\(\s*(?:\w+\.)?train_step\b")
-# The one builder of each method's update step (online.py's builds every critic-free method's).
-BUILDERS = {"algorithms/sft.py", "algorithms/reward_model.py", "algorithms/dpo.py",
-            "algorithms/kto.py", "algorithms/quark.py", "algorithms/ppo.py",
-            "algorithms/online.py"}
+# The one builder of each method's update step (online.py's builds every critic-free method's;
+# program.py's `against_reference` DPO's, SimPO's, KTO's and Quark's).
+BUILDERS = {"algorithms/sft.py", "algorithms/reward_model.py", "training/program.py",
+            "algorithms/ppo.py", "algorithms/online.py"}
 
 
 def test_each_update_step_is_jitted_in_one_place():

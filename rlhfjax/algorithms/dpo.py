@@ -43,7 +43,6 @@ from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
-from rlhfjax.training import optimizer
 from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
@@ -141,20 +140,12 @@ def program(exp: experiment.Experiment, task: str, steps: int) -> program_lib.Pr
   """The update step `train(exp, task)` runs (dpo or simpo, under its config block) for `steps`
   steps: AdamW over them, the policy with its adapters and remat policy, and the reference tree
   where the loss reads one and the policy is not a LoRA policy (whose base is its reference)."""
-  c, fmt, par = exp.config[task], exp.config.format, exp.parallel
-  par.check_batch(f"{task}.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = loaders.policy_template(exp, tx)
-  ref = (state.params if c.loss_type in REFERENCE_LOSSES and not exp.lora.applies_to("policy")
-         else None)
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
-                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
-                 (0,))
-  batch = program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
-                                                 "chosen": fmt.response_len,
-                                                 "rejected": fmt.response_len})
-  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+  c, fmt = exp.config[task], exp.config.format
+  batch = program_lib.tokens(exp.parallel, c.batch_size, {"prompt": fmt.prompt_len,
+                                                          "chosen": fmt.response_len,
+                                                          "rejected": fmt.response_len})
+  return program_lib.against_reference(exp, task, steps, functools.partial(train_step, c=c),
+                                       batch, with_ref=c.loss_type in REFERENCE_LOSSES)
 
 
 def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:

@@ -51,7 +51,6 @@ from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
-from rlhfjax.training import optimizer
 from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
@@ -172,18 +171,11 @@ def program(exp: experiment.Experiment, steps: int) -> program_lib.Program:
   and remat policy, and the reference tree unless the policy is a LoRA policy (whose base is its
   reference)."""
   c, fmt, par = exp.config.kto, exp.config.format, exp.parallel
-  par.check_batch("kto.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
-  state, shardings = loaders.policy_template(exp, tx)
-  ref = None if exp.lora.applies_to("policy") else state.params
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  step = par.jit(functools.partial(train_step, cfg=cfg, c=c, tx=tx),
-                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
-                 (0,))
   batch = {**program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
                                                     "response": fmt.response_len}),
            "label": jax.ShapeDtypeStruct((c.batch_size,), jnp.bool_, sharding=par.batch)}
-  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+  return program_lib.against_reference(exp, "kto", steps, functools.partial(train_step, c=c),
+                                       batch)
 
 
 def train(exp: experiment.Experiment) -> TrainState:

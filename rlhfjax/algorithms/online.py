@@ -9,6 +9,15 @@ iterations the policy answers the same held-out posts and one point of the over-
 (RM score, gold, win-rate, KL to the reference) is logged under `eval/`. Checkpoints, resumption
 and metrics go through `training.loop` like every other task.
 
+Asynchronous rollouts (`rollout.max_staleness` = s > 0; rlhfjax/parallel/placement.py): iteration t
+first dispatches the samples of iterations up to t + s from the policy it is about to update
+(version t), then trains on batch t, which the policy of version max(0, t − s) sampled; under
+`rollout.placement='split'` the sampler's devices generate while the trainer's update. Each batch
+logs its age (`rollout/version_lag`, never above s) and the sampler/trainer gap at that age
+(`sampling/lag_<age>/...`); the ratio's π_old is the method's `old_policy`. DAPO's refill draws
+come from the newest policy. The batches in flight are checkpointed with the state, so a resumed
+run trains on the very batches an uninterrupted one does.
+
 Every method's step reports TRL's `objective/scores` (the RM score after the truncation rule) and
 `objective/kl` (the summed per-token KL estimate to the reference); the log line reads them.
 """

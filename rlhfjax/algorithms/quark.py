@@ -38,7 +38,6 @@ from rlhfjax.training import experiment
 from rlhfjax.training import loaders
 from rlhfjax.training import loop
 from rlhfjax.training import metrics as metrics_lib
-from rlhfjax.training import optimizer
 from rlhfjax.training import program as program_lib
 from rlhfjax.training.state import TrainState
 
@@ -75,19 +74,12 @@ def top_quantile(scores: np.ndarray, num_bins: int) -> np.ndarray:
 def program(exp: experiment.Experiment) -> program_lib.Program:
   """The update step `run` takes on the pool: AdamW over every step of every round, the policy
   with its adapters and remat policy, the reference tree unless the policy is a LoRA policy."""
-  c, fmt, par = exp.config.quark, exp.config.format, exp.parallel
-  par.check_batch("quark.batch_size", c.batch_size)
-  tx = optimizer.adamw(c, c.rounds * c.steps_per_round, exp.trainable("policy"))
-  state, shardings = loaders.policy_template(exp, tx)
-  ref = None if exp.lora.applies_to("policy") else state.params
-  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
-  step = par.jit(functools.partial(train_step, cfg=cfg, kl_coef=c.kl_coef, tx=tx),
-                 (shardings, program_lib.shardings_of(ref), par.batch), (shardings, par.replicated),
-                 (0,))
-  batch = program_lib.tokens(par, c.batch_size, {"prompt": fmt.prompt_len,
-                                                 "ref_prompt": fmt.prompt_len,
-                                                 "response": fmt.response_len})
-  return program_lib.Program(step, (state, ref, batch), state, shardings, tx)
+  c, fmt = exp.config.quark, exp.config.format
+  batch = program_lib.tokens(exp.parallel, c.batch_size, {"prompt": fmt.prompt_len,
+                                                          "ref_prompt": fmt.prompt_len,
+                                                          "response": fmt.response_len})
+  return program_lib.against_reference(exp, "quark", c.rounds * c.steps_per_round,
+                                       functools.partial(train_step, kl_coef=c.kl_coef), batch)
 
 
 def run(config, workdir: str) -> Any:

@@ -30,7 +30,6 @@ from rlhfjax.data import pipeline
 from rlhfjax.data import records
 from rlhfjax.errors import ConfigError
 from rlhfjax.simulated import gold
-from rlhfjax.simulated import world
 
 COMPONENTS = ("coverage", "accuracy", "conciseness", "fluency")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 

@@ -6,6 +6,7 @@ so a figure for a TPU slice is one for the program a user runs (LoRA, eos, sched
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -13,6 +14,9 @@ import jax.numpy as jnp
 import optax
 
 from rlhfjax.parallel.sharding import Parallel
+from rlhfjax.training import experiment
+from rlhfjax.training import loaders
+from rlhfjax.training import optimizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,3 +57,21 @@ def key(par: Parallel) -> jax.ShapeDtypeStruct:
 def shardings_of(tree: Any) -> Any:
   """The shardings of an abstract sharded tree (None stays None)."""
   return None if tree is None else jax.tree.map(lambda x: x.sharding, tree)
+
+
+def against_reference(exp: experiment.Experiment, task: str, steps: int, train_step: Callable,
+                      batch: dict[str, jax.ShapeDtypeStruct], with_ref: bool = True) -> Program:
+  """The program of an offline policy method (DPO, SimPO, KTO, Quark) that trains the policy
+  against a frozen reference on batches of `<task>.batch_size` rows: AdamW over `steps` steps, the
+  policy with its adapters and remat policy and dropout off, and the reference tree where
+  `with_ref` (the loss reads one) unless the policy is a LoRA policy (whose base is its reference).
+  `train_step(state, ref, batch, *, cfg, tx)` carries its method's own settings bound."""
+  c, par = exp.config[task], exp.parallel
+  par.check_batch(f"{task}.batch_size", c.batch_size)
+  tx = optimizer.adamw(c, steps, exp.trainable("policy"))
+  state, shardings = loaders.policy_template(exp, tx)
+  ref = state.params if with_ref and not exp.lora.applies_to("policy") else None
+  cfg = dataclasses.replace(exp.model_for("policy"), dropout=0.0)
+  step = par.jit(functools.partial(train_step, cfg=cfg, tx=tx),
+                 (shardings, shardings_of(ref), par.batch), (shardings, par.replicated), (0,))
+  return Program(step, (state, ref, batch), state, shardings, tx)
