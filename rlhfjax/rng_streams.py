@@ -13,6 +13,18 @@ QUARK = 9  # Quark's sampling rounds.
 LABEL_PAIRS = 11  # label: the two samples per post the annotator compares.
 LABEL_BINARY = 13  # label.protocol=binary: the one sample per post the annotator judges.
 
+# Keys made as `jax.random.key(seed + N)`, older than the table above and kept for their values
+# (every leaderboard in the docs was drawn from them). Each also equals seed + N's own root key, so
+# run s's stream N is run s + N's root: runs of neighbouring seeds are not fully independent there.
+# A new use takes a `fold_in` stream above, never an offset.
+OUTPUTS = 1  # Every method's test answers (rollout/outputs.save_policy), SFT's report's samples.
+BEST_OF_N = 2  # best_of_n's candidates.
+EXPERT_ITERATION = 3  # expert_iteration's candidates.
+PASS_AT_K = 5  # eval.pass_k's samples of the test answers.
+OFFSETS = {"outputs": OUTPUTS, "best_of_n": BEST_OF_N, "expert_iteration": EXPERT_ITERATION,
+           "pass_at_k": PASS_AT_K}
+assert len(set(OFFSETS.values())) == len(OFFSETS), "two offsets share a value"
+
 STREAMS = {"rm_head": RM_HEAD, "rm_lora": RM_LORA, "policy_lora": POLICY_LORA, "online": ONLINE,
            "quark": QUARK, "label_pairs": LABEL_PAIRS, "label_binary": LABEL_BINARY}
 assert len(set(STREAMS.values())) == len(STREAMS), "two streams share a value"

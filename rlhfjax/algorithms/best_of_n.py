@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.errors import ConfigError
 from rlhfjax.rollout import engine
@@ -68,7 +69,7 @@ def run(config, workdir: str) -> dict[str, Any]:
   reward_fn = rewards.training_reward(exp)
   examples = outputs.test_examples(exp)
   cands = candidates(exp, sft_params, examples, c.n, c.temperature,
-                     jax.random.key(config.seed + 2), c.batch_size)
+                     jax.random.key(config.seed + rng_streams.BEST_OF_N), c.batch_size)
   scores = score_candidates(reward_fn, examples, cands)
   rng = np.random.default_rng([config.seed, 11])
   curve = []

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 
+from rlhfjax import rng_streams
 from rlhfjax.algorithms import best_of_n
 from rlhfjax.algorithms import sft
 from rlhfjax.data import pipeline
@@ -41,7 +42,7 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
       return [dataclasses.replace(e, reference=t) for e, t in zip(examples, stored["winners"])]
   reward_fn = rewards.training_reward(exp)
   cands = best_of_n.candidates(exp, sft_params, examples, c.n, c.temperature,
-                               jax.random.key(exp.config.seed + 3), c.sample_batch_size)
+                               jax.random.key(exp.config.seed + rng_streams.EXPERT_ITERATION), c.sample_batch_size)
   scores = best_of_n.score_candidates(reward_fn, examples, cands)
   texts = best_of_n.best_of(cands, scores, c.n)
   metrics_lib.info(f"expert iteration: best-of-{c.n} on {len(examples)} unlabeled prompts, mean "

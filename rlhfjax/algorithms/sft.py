@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.models import lora
 from rlhfjax.models import policy
@@ -150,7 +151,7 @@ def answer_test_prompts(exp: experiment.Experiment, params: Any) -> list[str]:
     return []
   examples = outputs.test_examples(exp)
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len)
-  out = engine.generate_split(exp, params, prompts, jax.random.key(exp.config.seed + 1),
+  out = engine.generate_split(exp, params, prompts, jax.random.key(exp.config.seed + rng_streams.OUTPUTS),
                              e.batch_size, e.temperature, e.top_k, e.top_p)
   texts = [exp.tokenizer.decode(r).strip() for r in out["response"]]
   ended = np.isin(out["response"], exp.tokenizer.eos_ids).any(axis=1)

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from rlhfjax import rng_streams
 from rlhfjax.data import pipeline
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import reward_functions
@@ -65,7 +66,7 @@ def pass_counts(exp: experiment.Experiment, params: Any, examples: Sequence[pipe
     return {}
   correct = reward_functions.load({"functions": e.correct, "weights": "", "model_weight": 1.0})
   repeated = [x for x in examples for _ in range(k)]
-  texts, _ = engine.sample_texts(exp, params, repeated, jax.random.key(exp.config.seed + 5),
+  texts, _ = engine.sample_texts(exp, params, repeated, jax.random.key(exp.config.seed + rng_streams.PASS_AT_K),
                                  e.pass_temperature, e.batch_size, control=control)
   ids = [exp.tokenizer.encode(t) for t in texts]
   _, values = reward_functions.evaluate(correct, repeated, texts, ids)
@@ -80,7 +81,7 @@ def save_policy(exp: experiment.Experiment, method: str, params: Any, sft_params
   saves them with the policy's KL to SFT."""
   e = exp.config.eval
   examples = test_examples(exp)
-  key = jax.random.key(exp.config.seed + 1)
+  key = jax.random.key(exp.config.seed + rng_streams.OUTPUTS)
   texts, _ = engine.sample_texts(exp, params, examples, key, e.temperature, e.batch_size,
                                  top_k=e.top_k, top_p=e.top_p, control=control)
   _, kl = engine.sample_texts(exp, params, examples, jax.random.fold_in(key, 1),
