@@ -40,6 +40,23 @@ def test_split_gives_the_trainer_the_first_devices():
   assert placement.split(_block(placement="colocated"), list(range(8))) == (list(range(8)), [])
 
 
+class _Device:
+  def __init__(self, process, i):
+    self.process_index, self.id = process, i
+
+  def __repr__(self):
+    return f"{self.process_index}:{self.id}"
+
+
+def test_each_process_gives_the_sampler_its_last_devices():
+  devices = [_Device(p, i) for p in range(2) for i in range(4)]
+  trainer, sampler = placement.split(_block(), devices)
+  assert [repr(d) for d in trainer] == ["0:0", "0:1", "0:2", "1:0", "1:1", "1:2"]
+  assert [repr(d) for d in sampler] == ["0:3", "1:3"]
+  with pytest.raises(ConfigError, match="do not divide evenly over the 2 processes"):
+    placement.split(_block(sampler_share=0.375), devices)
+
+
 @pytest.mark.parametrize("block, message", [
     (_block(placement="apart"), "rollout.placement must be one of"),
     (_block(sampler_share=0.05), "rollout.sampler_share=0.05 leaves 0 of 8"),

@@ -10,9 +10,10 @@
                dtype and resharded into the rollout layout across the two meshes (XLA's own
                cross-device copy, as verl's and NeMo-RL's weight sync).
 
-The trainer comes first in `jax.devices()` order, so a split run's trainer mesh is exactly the mesh a
-colocated run with the same `config.mesh` over that many devices would build: with
-`max_staleness=0` the two runs compute the same programs on the same shapes.
+Each process gives the last of its own devices to the sampler (so every process feeds both sides,
+one controller per host); on one host the trainer takes the first devices, and a split run's trainer
+mesh is exactly the mesh a colocated run with the same `config.mesh` over that many devices would
+build: with `max_staleness=0` the two runs compute the same programs on the same shapes.
 """
 
 from __future__ import annotations
@@ -48,12 +49,25 @@ def sampler_count(block: Mapping[str, Any], devices: int) -> int:
 
 
 def split(block: Mapping[str, Any],
-          devices: Sequence[jax.Device] | None = None) -> tuple[list, list]:
+          devices: Sequence[Any] | None = None) -> tuple[list, list]:
   """(trainer devices, sampler devices) of `devices` (default: every process's) under the `rollout`
-  block: colocated, every device trains and the sampler list is empty."""
+  block: colocated, every device trains and the sampler list is empty. Each process gives the last
+  of its own devices to the sampler, so every process feeds both sides its rows (one controller
+  per host, as jax.distributed runs)."""
   devices = list(jax.devices() if devices is None else devices)
+  hosts: dict[int, list] = {}
+  for d in devices:
+    hosts.setdefault(getattr(d, "process_index", 0), []).append(d)
   n = sampler_count(block, len(devices))
-  return devices[:len(devices) - n], devices[len(devices) - n:]
+  if n and len(hosts) > 1 and (n % len(hosts) or len(set(map(len, hosts.values()))) > 1):
+    raise ConfigError(f"rollout.sampler_share={block['sampler_share']} gives the sampler {n} of "
+                      f"{len(devices)} devices, which do not divide evenly over the "
+                      f"{len(hosts)} processes: each process gives the sampler the same number "
+                      f"of its own devices")
+  per_host = n // len(hosts)
+  trainer = [d for ds in hosts.values() for d in ds[:len(ds) - per_host]]
+  sampler = [d for ds in hosts.values() for d in ds[len(ds) - per_host:]]
+  return trainer, sampler
 
 
 def check_staleness(block: Mapping[str, Any]) -> int:
