@@ -406,7 +406,7 @@ def compile_split(config: Any, cfg: ModelConfig, devices: Sequence[Any], chip: t
     rows = {s.name: analyse(s, cfg, par, chip, headroom) for s in steps_}
     by_count[count].update(rows=rows, fits=all(r["fits"] for r in rows.values()),
                            compile_s=sum(r["compile_s"] for r in rows.values()),
-                           **split.compiled(rows, config, chip, PUSH))
+                           **split.compiled(rows, config, chip, PUSH, par.mesh.size))
   done = [c for c in candidates if "rows" in c]
   best = min(done, key=lambda c: (not c["fits"], c["iteration_s"]))
   return {"best": candidates.index(best), "candidates": candidates,

@@ -56,9 +56,9 @@ def _async_lines(section: dict) -> list[str]:
            "colocated whole step " + (f"{colocated:.2f} s" if colocated is not None else
                                       "not compiled (compile.steps without the PPO steps)"), "",
            "| sampler share | sampler / trainer chips | trainer mesh | rollout layout | plan GiB "
-           "| estimate | fits | push GiB/chip (HLO) | generation s | training s | push ms "
-           "| async iteration s | compile s |",
-           "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+           "| estimate | fits | push GiB: crossing, received/chip (HLO) | generation s "
+           "| training s | push ms | async iteration s | compile s |",
+           "|---|---|---|---|---:|---|---|---|---:|---:|---:|---:|---:|"]
   for c in section["candidates"]:
     head = f"| {c['sampler']}/{c['sampler'] + c['trainer']} | {c['sampler']} / {c['trainer']} |"
     if "error" in c:
@@ -67,7 +67,8 @@ def _async_lines(section: dict) -> list[str]:
     compiled = "rows" in c
     figures = c if compiled else c["estimate"]
     fit = ("yes" if c["fits"] else "**no**") if compiled else ""
-    pushed = f"{c['push_bytes'] / 2**30:.3f}" if c.get("push_bytes") is not None else ""
+    pushed = (f"{c['push_bytes'] / 2**30:.2f}, {c['push_received_bytes'] / 2**30:.3f}"
+              if c.get("push_bytes") is not None else "")
     mark = "**" if c is best else ""
     seconds = f"{c['compile_s']:.1f}" if compiled else ""
     lines.append(

@@ -76,15 +76,18 @@ def analytic(update: costs.Step, update_ici: float, layout: dict, cfg: ModelConf
           "iteration_s": iteration(generation, training, push)}
 
 
-def compiled(rows: dict[str, dict], config: Any, chip: tpu.Chip, push: str) -> dict[str, float]:
+def compiled(rows: dict[str, dict], config: Any, chip: tpu.Chip, push: str,
+             trainer: int) -> dict[str, float]:
   """Generation, training, push and iteration seconds from a split's compiled rows (the decode
-  steps scaled per cache block as the colocated whole step scales them), and the bytes each
-  sampler chip receives from the trainer's: the push's collective-permutes, from its HLO."""
+  steps scaled per cache block as the colocated whole step scales them), and the push's bytes
+  from its HLO: those that cross from the `trainer` chips to the sampler's (its
+  collective-permutes' results on each trainer chip, one copy of the policy in the rollout
+  dtype) and those each chip receives in all its collectives (the push's time)."""
   generation = (rows["ppo_prefill"]["time_s"]
                 + costs.decode_seconds(rows["ppo_decode"], config, chip.hbm_bandwidth)[0])
   training, push_s = rows["ppo_update"]["time_s"], rows[push]["time_s"]
   ops = rows[push]["collectives"]
   return {"generation_s": generation, "training_s": training, "push_s": push_s,
           "iteration_s": iteration(generation, training, push_s),
-          "push_bytes": ops["collective-permute"]["bytes"] if ops else None,
-          "push_ici_bytes": rows[push]["ici_bytes"]}
+          "push_bytes": trainer * ops["collective-permute"]["bytes"] if ops else None,
+          "push_received_bytes": rows[push]["ici_bytes"]}
