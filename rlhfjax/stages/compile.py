@@ -46,6 +46,17 @@ slice are ranked by the planner and the best `compile.auto_candidates` compiled;
 with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md` (the
 table: stages/compile_report.py).
 
+With `rollout.placement='split'` (parallel/placement.py) the report adds the asynchronous
+iteration (`compile_split`, stages/split.py): the slice divided into trainer chips (first) and
+sampler chips at `rollout.sampler_share` and at each share of `compile.split_shares`, the PPO
+update compiled on the trainer's chips under `config.mesh`, the prefill and decode in the rollout
+layout on the sampler's (`rollout.mesh` 'auto' choosing the tensor width among them, the slice
+their fast domain, nothing else resident), and the push of the policy between them, compiled over
+the union of the two (stages/rollout_steps.py: one jit cannot span disjoint device sets).
+Divisions are ranked by an analytic estimate of max(generation, training) + push, the best
+`compile.auto_candidates` compiled; the fitting one with the shortest estimate wins, beside the
+colocated whole step of the same report (when `compile.steps` has the PPO steps).
+
 ICI traffic (bytes each chip receives) is counted from the compiled HLO (parallel/hlo.py: ring
 algorithms over each collective's replica group, a while loop's collectives its trip count
 times). Only a step XLA refuses (out of memory) falls

@@ -6,12 +6,12 @@ they run (PPO's training state and frozen models).
 
 Under rollout.placement='split' (parallel/placement.py) the sampler has chips of its own: the
 layout is chosen over them with nothing else resident, and the copy is the push from the
-trainer's chips (`PUSH`). One jit cannot span two disjoint device sets (XLA: "incompatible
-devices"; a run's `jax.device_put` moves the shards outside any XLA program), so the push compiles
-over the union of the two: the trainer's chips and the sampler's stacked along a leading `side`
-axis, the policy in the trainer's shardings on side 0 and, cast to the rollout dtype, in the
-rollout shardings on every sampler side (`push_step`). Its collective-permutes are the bytes that
-cross from the trainer's chips to the sampler's."""
+trainer's chips (`PUSH`). One jit cannot span two disjoint device sets (JAX: "incompatible
+devices"; a run's `jax.device_put` copies the shards outside any XLA program), so the push
+compiles over the union of the two: the trainer's chips and the sampler's stacked along a
+leading `side` axis, the policy in the trainer's shardings on side 0 and, cast to the rollout
+dtype, in the rollout shardings on every sampler side (`push_step`). Its collective-permutes are
+the bytes that cross from the trainer's chips to the sampler's."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rlhfjax.errors import ConfigError
-
 from rlhfjax.models import flops
 from rlhfjax.models import lora
 from rlhfjax.models import sampling
@@ -131,24 +130,24 @@ def push_step(trainer: Any, policy: Any, dtype: str, resident: int, where: dict)
   trainer's shardings, the program casts it to `dtype` and puts it, in the rollout shardings, on
   every sampler side (the trainer's side gets zeros: computed where they lie, nothing moved).
   The sides are as many chips as the trainer has, so the trainer's chips must divide the slice
-  and the rollout's tensor width the trainer's chips (ConfigError otherwise)."""
+  and a rollout replica (its fsdp x tensor chips) the trainer's chips (ConfigError otherwise)."""
   t_mesh = jax.tree.leaves(trainer)[0].sharding.mesh
   r_mesh = jax.tree.leaves(policy)[0].sharding.mesh
   t_dev, r_dev = t_mesh.devices.reshape(-1), r_mesh.devices.reshape(-1)
-  per_side, tensor = t_dev.size, r_mesh.shape["tensor"]
-  if r_dev.size % per_side or per_side % tensor:
+  per_side, fsdp, tensor = t_dev.size, r_mesh.shape["fsdp"], r_mesh.shape["tensor"]
+  if r_dev.size % per_side or per_side % (fsdp * tensor):
     raise ConfigError(f"rollout.sampler_share: the push compiles over sides of the trainer's "
-                      f"{per_side} chips; the sampler's {r_dev.size} chips (tensor={tensor}) do "
-                      f"not divide into them")
+                      f"{per_side} chips; the sampler's {r_dev.size} chips (replicas of "
+                      f"fsdp x tensor = {fsdp * tensor}) do not divide into them")
   sides = 1 + r_dev.size // per_side
   union = np.concatenate([t_dev, r_dev])
   axes = (SIDE, *AXES)
-  m_in = Mesh(union.reshape(sides, *t_mesh.devices.shape), axes,
-              axis_types=(AxisType.Auto,) * len(axes))
-  m_out = Mesh(union.reshape(sides, per_side // tensor, 1, tensor), axes,
-               axis_types=(AxisType.Auto,) * len(axes))
-  stacked = lambda x, mesh: jax.ShapeDtypeStruct(
-      (sides, *x.shape), x.dtype, sharding=NamedSharding(mesh, PartitionSpec(SIDE, *x.sharding.spec)))
+  mesh = lambda shape: Mesh(union.reshape(sides, *shape), axes,
+                            axis_types=(AxisType.Auto,) * len(axes))
+  m_in, m_out = mesh(t_mesh.devices.shape), mesh((per_side // (fsdp * tensor), fsdp, tensor))
+  stacked = lambda x, m: jax.ShapeDtypeStruct(
+      (sides, *x.shape), x.dtype,
+      sharding=NamedSharding(m, PartitionSpec(SIDE, *x.sharding.spec)))
   args = jax.tree.map(lambda x: stacked(x, m_in), trainer)
   out_sh = jax.tree.map(lambda x: stacked(x, m_out).sharding, policy)
 

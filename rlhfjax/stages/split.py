@@ -54,13 +54,13 @@ def iteration(generation_s: float, training_s: float, push_s: float) -> float:
   return max(generation_s, training_s) + push_s
 
 
-def analytic(update: costs.Step, update_ici: float, layout: dict, cfg: ModelConfig, config: Any, chip: tpu.Chip, trainer: int,
-             sampler: int) -> dict[str, float]:
+def analytic(update: costs.Step, update_ici: float, layout: dict, cfg: ModelConfig,
+             config: Any, chip: tpu.Chip, trainer: int, sampler: int) -> dict[str, float]:
   """Generation, training, push and iteration seconds of a split from analytic figures: the
   update's hardware FLOPs and `update_ici` bytes per chip on `trainer` chips; the prefill's
   FLOPs, and each decode step reading its weights and the half-filled cache (or its FLOPs,
-  whichever takes longer) on `sampler` chips in `layout` (a Step's: shape and dtype); the push, each sampler chip's weights
-  received over ICI."""
+  whichever takes longer) on `sampler` chips in `layout` (a Step's: shape and dtype); the
+  push, each sampler chip's weights received over ICI."""
   p_len, r_len, b = config.format.prompt_len, config.format.response_len, config.ppo.rollout_batch
   weights = parallel_rollout.weight_bytes(cfg, layout["tensor"], layout["dtype"])
   cache = parallel_rollout.cache_bytes(cfg, b, p_len + r_len // 2, layout["data"],
