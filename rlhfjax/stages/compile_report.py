@@ -28,7 +28,8 @@ def format_report(report: dict) -> str:
   if layout:
     lines.append(f"rollout layout: data={layout['data']} fsdp={layout['fsdp']} "
                  f"tensor={layout['tensor']}, weights in {layout['dtype']} ({layout['reason']})")
-  lines += ["", *_row_lines(report["rows"])]
+  if report["rows"]:  # None where compile.steps names none (the asynchronous section alone).
+    lines += ["", *_row_lines(report["rows"])]
   if report["candidates"]:
     lines += ["", "mesh.auto candidates (planner's per-chip GiB; compiled ones with XLA's fit and "
               "estimated time of the non-rollout steps plus the whole PPO step):", ""]
