@@ -84,3 +84,14 @@ def test_split_shares_are_checked():
     with pytest.raises(ConfigError, match="compile.split_shares"):
       split.sampler_counts(c, 8)
   assert split.iteration(2.0, 3.0, 0.5) == 3.5
+
+
+@needs_libtpu
+def test_a_sampler_whose_replicas_cannot_share_the_batch_is_refused():
+  """6 sampler chips in replicas of tensor 2: 3 replicas cannot share a rollout's 8 rows (on
+  v5p-64, 48 sampler chips at tensor 8 and 64 rows), said before anything compiles."""
+  c = split_config()
+  c.rollout.mesh = "data=3,tensor=2"
+  devices = tpu.devices("v5e:2x4")
+  with pytest.raises(ConfigError, match="ppo.rollout_batch=8 does not divide .* 3 devices"):
+    compile_task.split_steps(c, compile_task.model_config(c), devices[:2], devices[2:], 2**34)

@@ -64,6 +64,9 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
                                    free_bytes=(None if hbm_usable is None
                                                else hbm_usable - held))
   rpar = Parallel(parallel_rollout.mesh(layout, devices))
+  # The prompts and the cache split over the replicas (48 sampler chips at tensor 8: 6 replicas
+  # cannot share 64 rows), said before anything compiles.
+  rpar.check_batch("ppo.rollout_batch", b)
   trainer = prog.args[0].params["policy"]
   cast = functools.partial(parallel_rollout.cast, dtype=layout.dtype)
   policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
