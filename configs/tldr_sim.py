@@ -332,9 +332,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The critic-free updates (rloo_update, grpo_update, dapo_update, gspo_update,
   # reinforce_pp_update) compile when named here; left out by default, as the default stages do
   # not run them and mesh.auto would choose a mesh for them too.
+  # With rollout.placement='split' the report adds the asynchronous iteration: the slice divided
+  # into trainer and sampler chips at rollout.sampler_share and at each share of `split_shares`
+  # (fractions of the slice's chips), ranked by an analytic estimate, the best auto_candidates
+  # compiled (the update on the trainer's chips, prefill and decode on the sampler's, the push).
   c.compile = dict(topology="",
                    steps="sft,rm,dpo,simpo,kto,ppo_prefill,ppo_decode,ppo_update,best_of_n_score",
-                   headroom=0.05, auto_candidates=3)
+                   headroom=0.05, auto_candidates=3, split_shares="0.125,0.25,0.375,0.5")
 
   # task=seeds (rlhfjax/stages/seeds.py): `run_seeds` the run seeds; each seed s runs `stages` in
   # <workdir>/seed_<s> with seed=s (model init, batch order, samples, label and judge draws), then

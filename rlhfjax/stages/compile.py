@@ -46,6 +46,17 @@ slice are ranked by the planner and the best `compile.auto_candidates` compiled;
 with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md` (the
 table: stages/compile_report.py).
 
+With `rollout.placement='split'` (parallel/placement.py) the report adds the asynchronous
+iteration (`compile_split`, stages/split.py): the slice divided into trainer chips (first) and
+sampler chips at `rollout.sampler_share` and at each share of `compile.split_shares`, the PPO
+update compiled on the trainer's chips under `config.mesh`, the prefill and decode in the rollout
+layout on the sampler's (`rollout.mesh` 'auto' choosing the tensor width among them, the slice
+their fast domain, nothing else resident), and the push of the policy between them, compiled over
+the union of the two (stages/rollout_steps.py: one jit cannot span disjoint device sets).
+Divisions are ranked by an analytic estimate of max(generation, training) + push, the best
+`compile.auto_candidates` compiled; the fitting one with the shortest estimate wins, beside the
+colocated whole step of the same report (when `compile.steps` has the PPO steps).
+
 ICI traffic (bytes each chip receives) is counted from the compiled HLO (parallel/hlo.py: ring
 algorithms over each collective's replica group, a while loop's collectives its trip count
 times). Only a step XLA refuses (out of memory) falls
@@ -87,16 +98,17 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import flops
 from rlhfjax.models import lora
 from rlhfjax.models import pretrained
-from rlhfjax.models import sampling
 from rlhfjax.parallel import hlo
 from rlhfjax.parallel.mesh import AXES
 from rlhfjax.parallel.mesh import mesh_shape
+from rlhfjax.parallel import placement
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.parallel import tpu
 from rlhfjax.stages import compile_report
 from rlhfjax.stages import costs
 from rlhfjax.stages import memory
 from rlhfjax.stages import rollout_steps
+from rlhfjax.stages import split
 from rlhfjax.stages.costs import Step
 from rlhfjax.training import experiment
 from rlhfjax.training import loaders
@@ -125,6 +137,7 @@ STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_u
          *(f"{task}_update" for task in CRITIC_FREE), "best_of_n_score")
 WHOLE_PPO = "ppo (whole step)"
 RESHARD = rollout_steps.RESHARD  # With the rollout steps where the rollout's layout is another.
+PUSH = rollout_steps.PUSH  # rollout.placement='split': the policy to the sampler's chips.
 
 
 
@@ -261,16 +274,8 @@ def whole_ppo(rows: dict[str, dict], config: Any, cfg: ModelConfig, chips: int,
   if not all(k in rows for k in ("ppo_prefill", "ppo_decode", "ppo_update")):
     return None
   p_len, r_len = config.format.prompt_len, config.format.response_len
-  d, b = rows["ppo_decode"], config.ppo.rollout_batch
-  block = int(config.rollout.cache_block)
-  decode_s = roofline_s = 0.0
-  for start, end, read in sampling.blocks(p_len, r_len, block):
-    read = read or p_len + r_len
-    hbm = d["hbm_bytes"] + d["kv_slot_bytes"] * (read - d["cache_read"])
-    decode_s += (end - start) * max(d["compute_s"], hbm / chip.hbm_bandwidth, d["ici_s"])
-    filled = (end - start) * (p_len + (start + end + 1) / 2)  # Slots p_len + i + 1 summed.
-    roofline_s += ((end - start) * d["weights_bytes"] + d["kv_slot_bytes"] * filled)
-  roofline_s /= chip.hbm_bandwidth
+  b = config.ppo.rollout_batch
+  decode_s, roofline_s = costs.decode_seconds(rows["ppo_decode"], config, chip.hbm_bandwidth)
   parts = [k for k in ("ppo_prefill", RESHARD, "ppo_update") if k in rows]
   rollout_s = decode_s + sum(rows[k]["time_s"] for k in parts if k != "ppo_update")
   est = rollout_s + rows["ppo_update"]["time_s"]
@@ -358,7 +363,65 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
           # The rematerialisation each trained model's step ran under (model.remat, `remat`).
           "remat": {role: exp.model_for(role).remat for role in lora.MODELS},
           "mesh": best["mesh"], "fits": best["fits"], "rows": best["rows"],
-          "candidates": candidates}
+          "candidates": candidates,
+          **({"async": compile_split(config, cfg, devices, chip, headroom,
+                                     best["rows"].get(WHOLE_PPO))}
+             if placement.sampler_count(config.rollout, len(devices)) else {})}
+
+
+def split_steps(config: Any, cfg: ModelConfig, trainer: Sequence[Any], sampler: Sequence[Any],
+                hbm_usable: float) -> tuple[Parallel, list[Step]]:
+  """PPO's programs under rollout.placement='split': the update on the `trainer` chips
+  (`config.mesh` over them, as a split run lays it), the prefill and decode in the rollout layout
+  on the `sampler` chips, and the push from the one to the other (stages/rollout_steps.py)."""
+  par = Parallel(topology_mesh(trainer, _resolve_mesh(config, trainer)))
+  exp = _experiment(config, cfg, par)
+  prog = ppo.program(exp)
+  update = Step("ppo_update", prog.step, prog.args, **costs.COSTS["ppo_update"](exp, prog))
+  return par, [update, *rollout_steps.steps(exp, prog, {"ppo_prefill", "ppo_decode"},
+                                            len(sampler), hbm_usable, sampler)]
+
+
+def compile_split(config: Any, cfg: ModelConfig, devices: Sequence[Any], chip: tpu.Chip,
+                  headroom: float, colocated: dict | None) -> dict:
+  """The asynchronous iteration on the slice (stages/split.py): each division of `devices` into
+  trainer chips (first, as placement.split divides them) and sampler chips, ranked by its
+  analytic estimate (planned to fit first), the best `compile.auto_candidates` compiled; beside
+  `colocated`, the colocated whole PPO step's row (None where compile.steps left it out)."""
+  n, usable = len(devices), chip.hbm_bytes * (1 - headroom)
+  candidates, built = [], {}
+  for count in split.sampler_counts(config, n):
+    cand = {"sampler": count, "trainer": n - count, "share": count / n}
+    candidates.append(cand)
+    try:
+      par, steps_ = split_steps(config, cfg, devices[:n - count], devices[n - count:], usable)
+    except ConfigError as e:  # The trainer's mesh, its batches or the push do not divide.
+      cand["error"] = str(e)
+      continue
+    named = {s.name: s for s in steps_}
+    update, layout = named["ppo_update"], named["ppo_decode"].layout
+    built[count] = (par, steps_)
+    cand.update(mesh=dict(par.mesh.shape), layout=layout,
+                plan=max(s.plan_bytes + s.resident for s in steps_),
+                estimate=split.analytic(update, _ici_bytes(update, cfg, par.mesh), layout, cfg,
+                                        config, chip, n - count, count))
+  by_count = {c["sampler"]: c for c in candidates}
+  ranked = sorted(built, key=lambda k: (by_count[k]["plan"] > usable,
+                                        by_count[k]["estimate"]["iteration_s"]))
+  if not ranked:
+    raise ConfigError("rollout.sampler_share, compile.split_shares: no division of the "
+                      f"{n} chips works: " + "; ".join(
+                          f"{c['sampler']} sampler chips: {c['error']}" for c in candidates))
+  for count in ranked[:int(config.compile.auto_candidates)]:
+    par, steps_ = built[count]
+    rows = {s.name: analyse(s, cfg, par, chip, headroom) for s in steps_}
+    by_count[count].update(rows=rows, fits=all(r["fits"] for r in rows.values()),
+                           compile_s=sum(r["compile_s"] for r in rows.values()),
+                           **split.compiled(rows, config, chip, PUSH, par.mesh.size))
+  done = [c for c in candidates if "rows" in c]
+  best = min(done, key=lambda c: (not c["fits"], c["iteration_s"]))
+  return {"best": candidates.index(best), "candidates": candidates,
+          "colocated_s": colocated["time_s"] if colocated else None}
 
 
 def _compile_all(config: Any, cfg: ModelConfig, shape: dict[str, int], devices: Sequence[Any],

@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from rlhfjax.algorithms import dpo
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import flops
+from rlhfjax.models import sampling
 from rlhfjax.stages import memory
 from rlhfjax.training import experiment
 from rlhfjax.training.program import Program
@@ -145,3 +146,19 @@ def online_update(task: str) -> Callable[[experiment.Experiment, Program], dict]
 # Step name -> its cost; the critic-free updates are `<task>_update` (compile.CRITIC_FREE).
 COSTS = {"sft": sft, "rm": rm, "dpo": preference("dpo"), "simpo": preference("simpo"),
          "kto": kto, "ppo_update": online_update("ppo")}
+
+
+def decode_seconds(row: dict, config: Any, hbm_bandwidth: float) -> tuple[float, float]:
+  """(estimate, HBM roofline) of a response's `response_len - 1` decode steps from the compiled
+  (last-block) decode step's `row`: each cache block's steps read the slots that block reads
+  (its HBM bytes scaled from the compiled step's), the roofline the weights and the filled
+  cache once per token."""
+  p_len, r_len = config.format.prompt_len, config.format.response_len
+  decode_s = roofline = 0.0
+  for start, end, read in sampling.blocks(p_len, r_len, int(config.rollout.cache_block)):
+    read = read or p_len + r_len
+    hbm = row["hbm_bytes"] + row["kv_slot_bytes"] * (read - row["cache_read"])
+    decode_s += (end - start) * max(row["compute_s"], hbm / hbm_bandwidth, row["ici_s"])
+    filled = (end - start) * (p_len + (start + end + 1) / 2)  # Slots p_len + i + 1 summed.
+    roofline += (end - start) * row["weights_bytes"] + row["kv_slot_bytes"] * filled
+  return decode_s, roofline / hbm_bandwidth

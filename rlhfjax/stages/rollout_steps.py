@@ -2,23 +2,35 @@
 one decode step with its KV cache (that of the last cache block, which reads the most slots) and
 the copy of the policy into the rollout layout (parallel/rollout.py), each with abstract sharded
 arguments in the layout a run on the slice would choose, beside what stays resident in HBM while
-they run (PPO's training state and frozen models)."""
+they run (PPO's training state and frozen models).
+
+Under rollout.placement='split' (parallel/placement.py) the sampler has chips of its own: the
+layout is chosen over them with nothing else resident, and the copy is the push from the
+trainer's chips (`PUSH`). One jit cannot span two disjoint device sets (JAX: "incompatible
+devices"; a run's `jax.device_put` copies the shards outside any XLA program), so the push
+compiles over the union of the two: the trainer's chips and the sampler's stacked along a
+leading `side` axis, the policy in the trainer's shardings on side 0 and, cast to the rollout
+dtype, in the rollout shardings on every sampler side (`push_step`). Its collective-permutes are
+the bytes that cross from the trainer's chips to the sampler's."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from rlhfjax.errors import ConfigError
 from rlhfjax.models import flops
 from rlhfjax.models import lora
 from rlhfjax.models import sampling
 from rlhfjax.models import sharding_rules
 from rlhfjax.models import transformer
 from rlhfjax.parallel import rollout as parallel_rollout
+from rlhfjax.parallel.mesh import AXES
 from rlhfjax.parallel.sharding import Parallel
 from rlhfjax.stages import costs
 from rlhfjax.stages import memory
@@ -26,24 +38,35 @@ from rlhfjax.training import experiment
 from rlhfjax.training.program import Program, key, shardings_of, tokens
 
 RESHARD = "rollout_reshard"  # With the rollout steps where the rollout's layout is another.
+PUSH = "rollout_push"  # rollout.placement='split': the trainer's policy to the sampler's chips.
+SIDE = "side"  # The union mesh's leading axis: the trainer's chips, then the sampler's.
 
 
 def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domain: int,
-             hbm_usable: float | None) -> list[costs.Step]:
+          hbm_usable: float | None, sampler: Sequence[Any] = ()) -> list[costs.Step]:
   """PPO's rollout steps (those of `names`: prefill, decode; and the copy into the rollout layout)
-  beside what stays resident: PPO's training state and frozen models (`prog`'s arguments)."""
+  beside what stays resident: PPO's training state and frozen models (`prog`'s arguments). With
+  `sampler` (the sampler's own chips, rollout.placement='split'), they run there with nothing
+  else resident, and the copy is the push from the trainer's chips (`push_step`)."""
   config, cfg, par = exp.config, exp.model, exp.parallel
   p_len, r_len = config.format.prompt_len, config.format.response_len
   seq, b, out = p_len + r_len, config.ppo.rollout_batch, []
   everything = costs.per_chip(prog.args[:3])
+  held = 0 if sampler else everything  # What the sampler's chips hold beside the rollout.
   plan = lambda batch, logit_tokens, length=seq: memory.plan(cfg, par.mesh, batch, length,
                                                              logit_tokens=logit_tokens)
-  # The rollout layout, chosen beside what stays resident: the training state, the frozen models.
-  layout = parallel_rollout.choose(config.rollout, cfg, dict(par.mesh.shape), platform="tpu",
+  # The rollout layout, chosen beside what stays resident: the training state, the frozen models
+  # (as engine.rollout_layout chooses it: over the sampler's own chips, as replicas, when split).
+  devices = list(sampler) or list(par.mesh.devices.reshape(-1))
+  shape = {"data": len(devices), "fsdp": 1, "tensor": 1} if sampler else dict(par.mesh.shape)
+  layout = parallel_rollout.choose(config.rollout, cfg, shape, platform="tpu",
                                    fast_domain=fast_domain, rows=b, length=seq,
                                    free_bytes=(None if hbm_usable is None
-                                               else hbm_usable - everything))
-  rpar = Parallel(parallel_rollout.mesh(layout, par.mesh.devices))
+                                               else hbm_usable - held))
+  rpar = Parallel(parallel_rollout.mesh(layout, devices))
+  # The prompts and the cache split over the replicas (48 sampler chips at tensor 8: 6 replicas
+  # cannot share 64 rows), said before anything compiles.
+  rpar.check_batch("ppo.rollout_batch", b)
   trainer = prog.args[0].params["policy"]
   cast = functools.partial(parallel_rollout.cast, dtype=layout.dtype)
   policy_axes = lora.model_axes(transformer.param_axes(cfg), exp.lora, "policy")
@@ -53,13 +76,15 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
   # The trainer's own layout (rollout.mesh='train') samples from its weights: no copy.
   same = all(a.dtype == r.dtype and a.sharding == r.sharding
              for a, r in zip(jax.tree.leaves(trainer), jax.tree.leaves(policy)))
-  resident = everything - (costs.per_chip(trainer) if same else 0)
+  resident = held - (costs.per_chip(trainer) if same else 0)
   where = {**layout.shape, "dtype": layout.dtype, "reason": layout.reason}
   cache = jax.eval_shape(lambda: transformer.init_cache(cfg, b, seq))
   cache_sh = _cache_shardings(rpar, cache)
   logits_sh = NamedSharding(rpar.mesh, sharding_rules.spec(("batch", "vocab"),
                                                            (b, cfg.vocab_size), rpar.mesh))
-  if not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
+  if sampler:  # Once per update: the trainer's policy pushed to the sampler's chips.
+    out.append(push_step(trainer, policy, layout.dtype, everything, where))
+  elif not same:  # Once per rollout: cast where the weights lie, then XLA's resharding.
     fn = jax.jit(cast, in_shardings=(prog.shardings.params["policy"],), out_shardings=policy_sh)
     out.append(costs.Step(RESHARD, fn, (trainer,), 0.0, 0.0, 0, {}, costs.per_chip(policy), everything,
                     rpar.mesh, where))
@@ -100,6 +125,43 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
                     planned["params"] + planned["kv_cache"], resident, rpar.mesh, where,
                     weights, kv_slot, read or seq, hbm))
   return out
+
+
+def push_step(trainer: Any, policy: Any, dtype: str, resident: int, where: dict) -> costs.Step:
+  """The push as one program over the union of the trainer's chips (`trainer`'s mesh, first) and
+  the sampler's (`policy`'s rollout mesh), stacked along `SIDE`: side 0 holds the policy in the
+  trainer's shardings, the program casts it to `dtype` and puts it, in the rollout shardings, on
+  every sampler side (the trainer's side gets zeros: computed where they lie, nothing moved).
+  The sides are as many chips as the trainer has, so the trainer's chips must divide the slice
+  and a rollout replica (its fsdp x tensor chips) the trainer's chips (ConfigError otherwise)."""
+  t_mesh = jax.tree.leaves(trainer)[0].sharding.mesh
+  r_mesh = jax.tree.leaves(policy)[0].sharding.mesh
+  t_dev, r_dev = t_mesh.devices.reshape(-1), r_mesh.devices.reshape(-1)
+  per_side, fsdp, tensor = t_dev.size, r_mesh.shape["fsdp"], r_mesh.shape["tensor"]
+  if r_dev.size % per_side or per_side % (fsdp * tensor):
+    raise ConfigError(f"rollout.sampler_share: the push compiles over sides of the trainer's "
+                      f"{per_side} chips; the sampler's {r_dev.size} chips (replicas of "
+                      f"fsdp x tensor = {fsdp * tensor}) do not divide into them")
+  sides = 1 + r_dev.size // per_side
+  union = np.concatenate([t_dev, r_dev])
+  axes = (SIDE, *AXES)
+  mesh = lambda shape: Mesh(union.reshape(sides, *shape), axes,
+                            axis_types=(AxisType.Auto,) * len(axes))
+  m_in, m_out = mesh(t_mesh.devices.shape), mesh((per_side // (fsdp * tensor), fsdp, tensor))
+  stacked = lambda x, m: jax.ShapeDtypeStruct(
+      (sides, *x.shape), x.dtype,
+      sharding=NamedSharding(m, PartitionSpec(SIDE, *x.sharding.spec)))
+  args = jax.tree.map(lambda x: stacked(x, m_in), trainer)
+  out_sh = jax.tree.map(lambda x: stacked(x, m_out).sharding, policy)
+
+  def push(params: Any) -> Any:
+    cast = parallel_rollout.cast(jax.tree.map(lambda x: x[0], params), dtype)
+    return jax.tree.map(lambda x: jnp.concatenate(
+        [jnp.zeros((1, *x.shape), x.dtype), jnp.broadcast_to(x, (sides - 1, *x.shape))]), cast)
+
+  fn = jax.jit(push, out_shardings=out_sh)
+  return costs.Step(PUSH, fn, (args,), 0.0, 0.0, 0, {}, costs.per_chip(policy), resident, m_in,
+                    where)
 
 
 def _cache_shardings(par: Parallel, cache: Any) -> Any:
