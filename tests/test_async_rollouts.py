@@ -41,20 +41,15 @@ def test_split_gives_the_trainer_the_first_devices():
 
 
 class _Device:
-  def __init__(self, process, i):
-    self.process_index, self.id = process, i
-
-  def __repr__(self):
-    return f"{self.process_index}:{self.id}"
+  def __init__(self, process):
+    self.process_index = process
 
 
-def test_each_process_gives_the_sampler_its_last_devices():
-  devices = [_Device(p, i) for p in range(2) for i in range(4)]
-  trainer, sampler = placement.split(_block(), devices)
-  assert [repr(d) for d in trainer] == ["0:0", "0:1", "0:2", "1:0", "1:1", "1:2"]
-  assert [repr(d) for d in sampler] == ["0:3", "1:3"]
-  with pytest.raises(ConfigError, match="do not divide evenly over the 2 processes"):
-    placement.split(_block(sampler_share=0.375), devices)
+def test_a_split_across_processes_is_refused_by_name():
+  devices = [_Device(p) for p in range(2) for _ in range(4)]
+  with pytest.raises(ConfigError, match="rollout.placement='split' runs in one process"):
+    placement.split(_block(), devices)
+  assert placement.split(_block(placement="colocated"), devices) == (devices, [])
 
 
 @pytest.mark.parametrize("block, message", [

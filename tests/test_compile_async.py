@@ -37,7 +37,7 @@ def test_split_compiles_on_disjoint_chips_and_pushes_the_bf16_policy(tmp_path):
   cfg = compile_task.model_config(c)
   devices = tpu.devices("v5e:2x4")
   # The programs' chips: the update on the first four, the rollout on the last four.
-  par, steps = compile_task.split_steps(c, cfg, devices[:4], devices[4:], 15 * 2**30)
+  par, steps, _ = compile_task.split_steps(c, cfg, devices[:4], devices[4:], 15 * 2**30)
   named = {s.name: s for s in steps}
   trainer = {d for x in jax.tree.leaves(named["ppo_update"].args) for d in x.sharding.device_set}
   sampler = set(named["ppo_decode"].mesh.devices.flat)

@@ -10,10 +10,9 @@
                dtype and resharded into the rollout layout across the two meshes (XLA's own
                cross-device copy, as verl's and NeMo-RL's weight sync).
 
-Each process gives the last of its own devices to the sampler (so every process feeds both sides,
-one controller per host); on one host the trainer takes the first devices, and a split run's trainer
-mesh is exactly the mesh a colocated run with the same `config.mesh` over that many devices would
-build: with `max_staleness=0` the two runs compute the same programs on the same shapes.
+The trainer takes the first devices, so a split run's trainer mesh is exactly the mesh a colocated
+run with the same `config.mesh` over that many devices would build: with `max_staleness=0` the two
+runs compute the same programs on the same shapes. One process only, for now (`split`).
 """
 
 from __future__ import annotations
@@ -51,23 +50,20 @@ def sampler_count(block: Mapping[str, Any], devices: int) -> int:
 def split(block: Mapping[str, Any],
           devices: Sequence[Any] | None = None) -> tuple[list, list]:
   """(trainer devices, sampler devices) of `devices` (default: every process's) under the `rollout`
-  block: colocated, every device trains and the sampler list is empty. Each process gives the last
-  of its own devices to the sampler, so every process feeds both sides its rows (one controller
-  per host, as jax.distributed runs)."""
+  block: colocated, every device trains and the sampler list is empty; split, the trainer takes
+  the first devices and the sampler the rest. One process only: the push copies the policy
+  between two device sets with `jax.device_put`, which JAX does across processes only in its
+  TFRT TPU runtime and only between shardings of the same layout (a training and a rollout layout
+  differ)."""
   devices = list(jax.devices() if devices is None else devices)
-  hosts: dict[int, list] = {}
-  for d in devices:
-    hosts.setdefault(getattr(d, "process_index", 0), []).append(d)
   n = sampler_count(block, len(devices))
-  if n and len(hosts) > 1 and (n % len(hosts) or len(set(map(len, hosts.values()))) > 1):
-    raise ConfigError(f"rollout.sampler_share={block['sampler_share']} gives the sampler {n} of "
-                      f"{len(devices)} devices, which do not divide evenly over the "
-                      f"{len(hosts)} processes: each process gives the sampler the same number "
-                      f"of its own devices")
-  per_host = n // len(hosts)
-  trainer = [d for ds in hosts.values() for d in ds[:len(ds) - per_host]]
-  sampler = [d for ds in hosts.values() for d in ds[len(ds) - per_host:]]
-  return trainer, sampler
+  processes = {getattr(d, "process_index", 0) for d in devices}
+  if n and len(processes) > 1:
+    raise ConfigError(f"rollout.placement='split' runs in one process; this run has "
+                      f"{len(processes)}: the push between the trainer's and the sampler's "
+                      f"devices would cross processes, which jax.device_put cannot do between "
+                      f"different layouts (use 'colocated' across hosts)")
+  return devices[:len(devices) - n], devices[len(devices) - n:]
 
 
 def check_staleness(block: Mapping[str, Any]) -> int:

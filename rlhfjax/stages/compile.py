@@ -7,20 +7,20 @@ For each topology in `compile.topology` (comma-separated; see rlhfjax/parallel/t
 model and mesh are laid on the slice's chips (libtpu gives them; nothing runs) and each step the
 pipeline runs — the SFT, reward-model, DPO, SimPO, KTO and PPO update steps, the PPO rollout's
 prefill and one decode step with its KV cache, best-of-N scoring, and where `compile.steps` names
-them the critic-free updates (`<task>_update` for rloo, grpo, dapo, gspo, reinforce_pp) — is
-lowered with the same shardings as training and compiled by XLA for that TPU. The rollout's steps
-(stages/rollout_steps.py) run in the rollout
-layout (parallel/rollout.py, config block `rollout`) chosen as a run on that slice would choose it:
-the slice's chips (one ICI domain) as the fast domain, and the chip's HBM less `compile.headroom`
-less the training state and the frozen models as the room it has; `rollout_reshard` is the copy of
-the policy into it, once per iteration (cast and resharding compiled as one program; none with
-`rollout.mesh='train'`, which samples from the trainer's layout and float32 weights). The decode
-step is the one of the last cache block (`rollout.cache_block`): it reads the most cache slots.
-Each update step is its method's builder's program (`program(exp)`, the one its training loop
-runs: docs/design.md, "One program per method"), so it holds what a run of the config trains:
-with a `lora` block, the adapters and their AdamW moments beside the frozen base, and no
-reference tree where the policy's own base is the reference; and the run's eos ids (the
-planner's `plan` and the analytic FLOPs still count full fine-tuning). One row per step:
+them the critic-free updates (`<task>_update` for rloo, grpo, dapo, gspo, reinforce_pp) — is lowered
+with the same shardings as training and compiled by XLA for that TPU. The rollout's steps
+(stages/rollout_steps.py) run in the rollout layout (parallel/rollout.py, config block `rollout`)
+chosen as a run on that slice would choose it: the slice's chips (one ICI domain) as the fast
+domain, and the chip's HBM less `compile.headroom` less the training state and the frozen models as
+the room it has; `rollout_reshard` is the copy of the policy into it, once per iteration (cast and
+resharding compiled as one program; none with `rollout.mesh='train'`, which samples from the
+trainer's layout and float32 weights). The decode step is the one of the last cache block
+(`rollout.cache_block`): it reads the most cache slots. Each update step is its method's builder's
+program (`program(exp)`, the one its training loop runs: docs/design.md, "One program per method"),
+so it holds what a run of the config trains: with a `lora` block, the adapters and their AdamW
+moments beside the frozen base, and no reference tree where the policy's own base is the reference;
+and the run's eos ids (the planner's `plan` and the analytic FLOPs still count full fine-tuning).
+One row per step:
 
 - per-chip bytes from XLA's `memory_analysis()`: arguments, temporaries, outputs (less what is
   donated), plus what stays resident in HBM while the step runs without being its argument (during
@@ -46,21 +46,11 @@ slice are ranked by the planner and the best `compile.auto_candidates` compiled;
 with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md` (the
 table: stages/compile_report.py).
 
-With `rollout.placement='split'` (parallel/placement.py) the report adds the asynchronous
-iteration (`compile_split`, stages/split.py): the slice divided into trainer chips (first) and
-sampler chips at `rollout.sampler_share` and at each share of `compile.split_shares`, the PPO
-update compiled on the trainer's chips under `config.mesh`, the prefill and decode in the rollout
-layout on the sampler's (`rollout.mesh` 'auto' choosing the tensor width among them, the slice
-their fast domain, nothing else resident), and the push of the policy between them, compiled over
-the union of the two (stages/rollout_steps.py: one jit cannot span disjoint device sets).
-Divisions are ranked by an analytic estimate of max(generation, training) + push, the best
-`compile.auto_candidates` compiled; the fitting one with the shortest estimate wins, beside the
-colocated whole step of the same report (when `compile.steps` has the PPO steps).
+With `rollout.placement='split'` the report adds the asynchronous iteration (stages/split.py).
 
 ICI traffic (bytes each chip receives) is counted from the compiled HLO (parallel/hlo.py: ring
-algorithms over each collective's replica group, a while loop's collectives its trip count
-times). Only a step XLA refuses (out of memory) falls
-back to the model: with fsdp=f, each pass gathers (f-1)/f of the weights and the gradients are
+algorithms over each collective's replica group, a while loop's collectives its trip count times).
+Only a step XLA refuses (out of memory) falls back to the model: with fsdp=f, each pass gathers (f-1)/f of the weights and the gradients are
 reduce-scattered; data parallel all-reduces the gradient shard; tensor parallel all-reduces two
 activations per layer and pass. HBM traffic (estimate): for a decode step the weights as its
 argument holds them (gathered, written and read once more under fsdp), the cache slots it reads,
@@ -138,8 +128,6 @@ STEPS = ("sft", "rm", "dpo", "simpo", "kto", "ppo_prefill", "ppo_decode", "ppo_u
 WHOLE_PPO = "ppo (whole step)"
 RESHARD = rollout_steps.RESHARD  # With the rollout steps where the rollout's layout is another.
 PUSH = rollout_steps.PUSH  # rollout.placement='split': the policy to the sampler's chips.
-
-
 
 
 def model_config(config: Any) -> ModelConfig:
@@ -364,64 +352,25 @@ def compile_topology(config: Any, cfg: ModelConfig, topology: str,
           "remat": {role: exp.model_for(role).remat for role in lora.MODELS},
           "mesh": best["mesh"], "fits": best["fits"], "rows": best["rows"],
           "candidates": candidates,
-          **({"async": compile_split(config, cfg, devices, chip, headroom,
-                                     best["rows"].get(WHOLE_PPO))}
+          **({"async": split.search(
+              config, cfg, devices, chip, headroom, best["rows"].get(WHOLE_PPO), PUSH,
+              build=functools.partial(split_steps, config, cfg),
+              analyse=lambda step, par: analyse(step, cfg, par, chip, headroom))}
              if placement.sampler_count(config.rollout, len(devices)) else {})}
 
 
 def split_steps(config: Any, cfg: ModelConfig, trainer: Sequence[Any], sampler: Sequence[Any],
-                hbm_usable: float) -> tuple[Parallel, list[Step]]:
+                hbm_usable: float) -> tuple[Parallel, list[Step], float]:
   """PPO's programs under rollout.placement='split': the update on the `trainer` chips
-  (`config.mesh` over them, as a split run lays it), the prefill and decode in the rollout layout
-  on the `sampler` chips, and the push from the one to the other (stages/rollout_steps.py)."""
+  (`config.mesh` over them), prefill and decode in the rollout layout on the `sampler` chips, the
+  push between them (stages/rollout_steps.py); and the update's modelled ICI bytes per chip."""
   par = Parallel(topology_mesh(trainer, _resolve_mesh(config, trainer)))
   exp = _experiment(config, cfg, par)
   prog = ppo.program(exp)
   update = Step("ppo_update", prog.step, prog.args, **costs.COSTS["ppo_update"](exp, prog))
-  return par, [update, *rollout_steps.steps(exp, prog, {"ppo_prefill", "ppo_decode"},
-                                            len(sampler), hbm_usable, sampler)]
-
-
-def compile_split(config: Any, cfg: ModelConfig, devices: Sequence[Any], chip: tpu.Chip,
-                  headroom: float, colocated: dict | None) -> dict:
-  """The asynchronous iteration on the slice (stages/split.py): each division of `devices` into
-  trainer chips (first, as placement.split divides them) and sampler chips, ranked by its
-  analytic estimate (planned to fit first), the best `compile.auto_candidates` compiled; beside
-  `colocated`, the colocated whole PPO step's row (None where compile.steps left it out)."""
-  n, usable = len(devices), chip.hbm_bytes * (1 - headroom)
-  candidates, built = [], {}
-  for count in split.sampler_counts(config, n):
-    cand = {"sampler": count, "trainer": n - count, "share": count / n}
-    candidates.append(cand)
-    try:
-      par, steps_ = split_steps(config, cfg, devices[:n - count], devices[n - count:], usable)
-    except ConfigError as e:  # The trainer's mesh, its batches or the push do not divide.
-      cand["error"] = str(e)
-      continue
-    named = {s.name: s for s in steps_}
-    update, layout = named["ppo_update"], named["ppo_decode"].layout
-    built[count] = (par, steps_)
-    cand.update(mesh=dict(par.mesh.shape), layout=layout,
-                plan=max(s.plan_bytes + s.resident for s in steps_),
-                estimate=split.analytic(update, _ici_bytes(update, cfg, par.mesh), layout, cfg,
-                                        config, chip, n - count, count))
-  by_count = {c["sampler"]: c for c in candidates}
-  ranked = sorted(built, key=lambda k: (by_count[k]["plan"] > usable,
-                                        by_count[k]["estimate"]["iteration_s"]))
-  if not ranked:
-    raise ConfigError("rollout.sampler_share, compile.split_shares: no division of the "
-                      f"{n} chips works: " + "; ".join(
-                          f"{c['sampler']} sampler chips: {c['error']}" for c in candidates))
-  for count in ranked[:int(config.compile.auto_candidates)]:
-    par, steps_ = built[count]
-    rows = {s.name: analyse(s, cfg, par, chip, headroom) for s in steps_}
-    by_count[count].update(rows=rows, fits=all(r["fits"] for r in rows.values()),
-                           compile_s=sum(r["compile_s"] for r in rows.values()),
-                           **split.compiled(rows, config, chip, PUSH, par.mesh.size))
-  done = [c for c in candidates if "rows" in c]
-  best = min(done, key=lambda c: (not c["fits"], c["iteration_s"]))
-  return {"best": candidates.index(best), "candidates": candidates,
-          "colocated_s": colocated["time_s"] if colocated else None}
+  steps_ = rollout_steps.steps(exp, prog, {"ppo_prefill", "ppo_decode"}, len(sampler),
+                               hbm_usable, sampler)
+  return par, [update, *steps_], _ici_bytes(update, cfg, par.mesh)
 
 
 def _compile_all(config: Any, cfg: ModelConfig, shape: dict[str, int], devices: Sequence[Any],

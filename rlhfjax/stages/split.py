@@ -17,7 +17,7 @@ compile, as `mesh.auto` ranks meshes by the planner first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from rlhfjax.errors import ConfigError
 from rlhfjax.models.config import ModelConfig
@@ -91,3 +91,48 @@ def compiled(rows: dict[str, dict], config: Any, chip: tpu.Chip, push: str,
           "iteration_s": iteration(generation, training, push_s),
           "push_bytes": trainer * ops["collective-permute"]["bytes"] if ops else None,
           "push_received_bytes": rows[push]["ici_bytes"]}
+
+
+def search(config: Any, cfg: ModelConfig, devices: Sequence[Any], chip: tpu.Chip, headroom: float,
+           colocated: dict | None, push: str, *,
+           build: Callable[[Sequence[Any], Sequence[Any], float], tuple[Any, list, float]],
+           analyse: Callable[[Any, Any], dict]) -> dict:
+  """The asynchronous iteration on a slice of `devices`: each division into trainer chips (first)
+  and sampler chips (`sampler_counts`), built by `build(trainer, sampler, usable HBM) ->
+  (Parallel, steps, update ICI bytes)` and ranked by its `analytic` estimate (planned to fit
+  first), the best `compile.auto_candidates` compiled (`analyse(step, par) -> row`); beside
+  `colocated`, the colocated whole PPO step's row (None where compile.steps left it out)."""
+  n, usable = len(devices), chip.hbm_bytes * (1 - headroom)
+  candidates, built = [], {}
+  for count in sampler_counts(config, n):
+    cand = {"sampler": count, "trainer": n - count, "share": count / n}
+    candidates.append(cand)
+    try:
+      par, steps, update_ici = build(devices[:n - count], devices[n - count:], usable)
+    except ConfigError as e:  # The trainer's mesh, its batches or the push do not divide.
+      cand["error"] = str(e)
+      continue
+    named = {s.name: s for s in steps}
+    layout = named["ppo_decode"].layout
+    built[count] = (par, steps)
+    cand.update(mesh=dict(par.mesh.shape), layout=layout,
+                plan=max(s.plan_bytes + s.resident for s in steps),
+                estimate=analytic(named["ppo_update"], update_ici, layout, cfg,
+                                  config, chip, n - count, count))
+  by_count = {c["sampler"]: c for c in candidates}
+  ranked = sorted(built, key=lambda k: (by_count[k]["plan"] > usable,
+                                        by_count[k]["estimate"]["iteration_s"]))
+  if not ranked:
+    raise ConfigError("rollout.sampler_share, compile.split_shares: no division of the "
+                      f"{n} chips works: " + "; ".join(
+                          f"{c['sampler']} sampler chips: {c['error']}" for c in candidates))
+  for count in ranked[:int(config.compile.auto_candidates)]:
+    par, steps = built[count]
+    rows = {s.name: analyse(s, par) for s in steps}
+    by_count[count].update(rows=rows, fits=all(r["fits"] for r in rows.values()),
+                           compile_s=sum(r["compile_s"] for r in rows.values()),
+                           **compiled(rows, config, chip, push, par.mesh.size))
+  done = [c for c in candidates if "rows" in c]
+  best = min(done, key=lambda c: (not c["fits"], c["iteration_s"]))
+  return {"best": candidates.index(best), "candidates": candidates,
+          "colocated_s": colocated["time_s"] if colocated else None}
