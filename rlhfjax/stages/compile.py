@@ -31,22 +31,20 @@ One row per step:
   result bytes per chip of its all-gathers, all-reduces, reduce-scatters, all-to-alls and
   collective-permutes;
 - model FLOPs counted analytically (`models/flops.py`; XLA's cost analysis sees one layer of the
-  scan), hardware FLOPs (plus what each trained model's remat policy recomputes: the whole
-  forward of its layers for "full", their attention score matmuls for "dots" and "offload";
-  `model.remat` and the `remat` block), and a roofline time: the largest of FLOPs / peak,
-  HBM bytes / HBM bandwidth and ICI bytes / ICI bandwidth (below), whence MFU
-  (model FLOPs / (chips x peak x time)) and tokens/s; for the decode step also its HBM roofline
-  (the weights in the compute dtype and the filled cache, read once per token) and the ratio of
-  its time to it;
+  scan), hardware FLOPs (plus what each trained model's remat policy recomputes: the whole forward
+  of its layers for "full", their attention score matmuls for "dots" and "offload"; `model.remat`
+  and the `remat` block), and a roofline time: the largest of FLOPs / peak, HBM bytes / HBM
+  bandwidth and ICI bytes / ICI bandwidth (below), whence MFU (model FLOPs / (chips x peak x
+  time)) and tokens/s; for the decode step also its HBM roofline (the weights in the compute dtype
+  and the filled cache, read once per token) and the ratio of its time to it;
 - compile seconds.
 
 "ppo (whole step)" = prefill + reshard + response_len - 1 decode steps (each block's steps reading
 the slots that block reads) + update. With `mesh.auto` the (data, fsdp, tensor) shapes of the
 slice are ranked by the planner and the best `compile.auto_candidates` compiled; the fitting one
 with the shortest estimated time wins. Writes `<workdir>/compile/<topology>.json` and `.md` (the
-table: stages/compile_report.py).
-
-With `rollout.placement='split'` the report adds the asynchronous iteration (stages/split.py).
+table: stages/compile_report.py). With `rollout.placement='split'` the report adds the
+asynchronous iteration (stages/split.py).
 
 ICI traffic (bytes each chip receives) is counted from the compiled HLO (parallel/hlo.py: ring
 algorithms over each collective's replica group, a while loop's collectives its trip count times).
