@@ -53,7 +53,8 @@ ROLLOUTS = {(1, 1, 1): ("auto",), (2, 2, 2): ("auto", "data=-1,tensor=2"), (1, 8
 OPT = dict(lr=1e-3, warmup_steps=0, schedule="constant", end_lr_frac=1.0, b1=0.9, b2=0.95,
            eps=1e-4, weight_decay=0.01, grad_clip=1.0, steps=STEPS, batch_size=B)
 ONLINE = dict(**OPT, rollout_batch=B, temperature=0.7, penalize_no_eos=True, no_eos_score=-1.0,
-              share_prompt=True, truncated_is=False)
+              share_prompt=True, truncated_is=False,
+              old_policy="recompute")
 # The blocks each method's builder reads: the tiny config's (tests/conftest.py), with the
 # optimizer above and each method's settings.
 BLOCKS = {

@@ -84,11 +84,10 @@ def test_old_policy_picks_the_ratio_anchor():
     ({"old_policy": "sampler", "truncated_is": True}, "which is 1 with ppo.old_policy='sampler'"),
 ])
 def test_bad_old_policy_is_named(change, message):
-  c = ml_collections.ConfigDict({"rollout_batch": 8, "temperature": 1.0, "truncated_is": False,
-                                 "old_policy": "recompute"})
+  c = ml_collections.ConfigDict({"truncated_is": False, "old_policy": "recompute"})
   c.update(change)
   with pytest.raises(ConfigError, match=message):
-    online.check_sampling("ppo", c, 1)
+    online.check_old_policy("ppo", c)
 
 
 def test_a_resume_under_another_staleness_is_refused():

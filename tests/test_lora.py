@@ -167,7 +167,7 @@ def test_ppo_with_lora_keeps_one_backbone():
       steps=2, rollout_batch=8, minibatch_size=4, epochs=1, temperature=1.0, kl_coef=0.05,
       adaptive_kl=False, kl_target=6.0, kl_horizon=10000.0, gamma=1.0, lam=0.95, whiten="batch",
       cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True, no_eos_score=-1.0,
-      value_model="separate", truncated_is=False, tis_cap=2.0, **OPT))
+      value_model="separate", truncated_is=False, tis_cap=2.0, old_policy="recompute", **OPT))
   exp = types.SimpleNamespace(config=types.SimpleNamespace(ppo=c, seed=0))
   state = ppo.init_state(exp, policy, reward, lcfg=RANK)
   assert lora.has_adapters(state.params["policy"])

@@ -145,7 +145,7 @@ def models():
 
 
 ONLINE = dict(temperature=1.0, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True,
-              truncated_is=False, tis_cap=2.0)
+              truncated_is=False, tis_cap=2.0, old_policy="recompute")
 CONFIGS = {
     "rloo": (rloo, dict(k=2, kl_coef=0.05, cliprange=0.2, epochs=2, minibatch_size=4,
                         normalize_advantages=False), "loss/policy_avg"),

@@ -29,7 +29,7 @@ def _ppo_config(**kw):
            whiten="batch", cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, penalize_no_eos=True,
            no_eos_score=-1.0, lr=3e-3, warmup_steps=0, schedule="linear", end_lr_frac=0.0, b1=0.9,
            b2=0.95, eps=1e-5, weight_decay=0.0, grad_clip=1.0, skip_nonfinite=0,
-           value_model="separate", truncated_is=False, tis_cap=2.0)
+           value_model="separate", truncated_is=False, tis_cap=2.0, old_policy="recompute")
   c.update(kw)
   return ml_collections.FrozenConfigDict(c)
 

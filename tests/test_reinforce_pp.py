@@ -114,7 +114,7 @@ def test_one_step_trains_the_policy_against_whitened_advantages(estimator, k):
   c = ml_collections.ConfigDict(dict(
       temperature=1.0, penalize_no_eos=True, no_eos_score=-1.0, share_prompt=True, k=k,
       advantage_estimator=estimator, kl_coef=0.01, gamma=1.0, cliprange=0.2, epochs=2,
-      minibatch_size=4, truncated_is=False, tis_cap=2.0))
+      minibatch_size=4, truncated_is=False, tis_cap=2.0, old_policy="recompute"))
   tx = optax.adam(1e-3)
   state = TrainState.create({"policy": jax.tree.map(jnp.copy, ref)}, tx)
   step = jax.jit(functools.partial(reinforce_pp.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS))

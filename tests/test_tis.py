@@ -31,7 +31,7 @@ from rlhfjax.training.state import TrainState
 GAP = ("sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
        "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
        "sampling/importance_sampling_ratio/max")
-TIS = ml_collections.ConfigDict(dict(truncated_is=True, tis_cap=2.0))
+TIS = ml_collections.ConfigDict(dict(truncated_is=True, tis_cap=2.0, old_policy="recompute"))
 
 # One response of three real tokens and one pad. The trainer's old probabilities 0.8, 0.2, 0.3,
 # the sampler's 0.2, 0.25, 0.6: ratios π_old / π_sampler = 4, 0.8, 0.5, so the TIS weights with
@@ -64,7 +64,7 @@ def test_tis_weights_are_the_capped_ratio_without_gradient():
   with pytest.raises(AttributeError, match="truncated_is"):  # No default in the code: the config's.
     online.tis_weights(OLD, BATCH, ml_collections.ConfigDict({}), "grpo")
   assert online.tis_weights(OLD, BATCH, ml_collections.ConfigDict(
-      dict(truncated_is=False, tis_cap=2.0)), "grpo") is None
+      dict(truncated_is=False, tis_cap=2.0, old_policy="recompute")), "grpo") is None
   with pytest.raises(ConfigError, match=r"rloo.truncated_is .*'sampler_logprobs'"):
     online.tis_weights(OLD, {"response_mask": MASK}, TIS, "rloo")
 
@@ -184,7 +184,8 @@ def test_with_tis_off_the_sampler_logprobs_change_no_update(tiny, name):
   key = jax.eval_shape(lambda: jax.random.key(1))
 
   def step(truncated_is, gap=False):
-    c = ml_collections.ConfigDict(dict(extra, truncated_is=truncated_is, tis_cap=2.0))
+    c = ml_collections.ConfigDict(dict(extra, truncated_is=truncated_is, tis_cap=2.0,
+                                       old_policy="recompute"))
     fn = functools.partial(module.train_step, cfg=CFG, c=c, tx=tx, eos_id=EOS)
 
     def update(state, ref, rm, b, key):

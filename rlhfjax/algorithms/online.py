@@ -82,6 +82,10 @@ def check_sampling(task: str, c: Any, k: int, why_two: str = "") -> None:
                       f"groups")
   if c.temperature <= 0:
     raise ConfigError(f"{task}.temperature must be > 0 (the method samples), got {c.temperature}")
+
+
+def check_old_policy(task: str, c: Any) -> None:
+  """Clear errors for `<task>.old_policy` (see `old_logprobs`) and its pairing with TIS."""
   if c.old_policy not in OLD_POLICIES:
     raise ConfigError(f"{task}.old_policy must be one of {OLD_POLICIES}, got {c.old_policy!r}")
   if c.old_policy == "sampler" and c.truncated_is:
@@ -357,6 +361,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   draws, each a pure function of (seed, step, draw) so that a resumed run draws the same)."""
   config, c = exp.config, exp.config[task]
   check_sampling(task, c, k)
+  check_old_policy(task, c)
   examples = exp.splits["unlabeled"]
   with_gold = pipeline.has_gold(examples)  # Real data has no gold reward: no `objective/gold`.
   prompts = pipeline.encode_prompts(exp.tokenizer, examples, config.format.prompt_len)
