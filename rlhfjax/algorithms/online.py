@@ -396,14 +396,18 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
 
   def push(state) -> tuple[Any, dict[str, float]]:
     """The policy in the rollout layout (on the sampler's own devices under a split placement),
-    copied once an iteration for every draw it makes, with the bytes and time of the copy."""
+    copied once an iteration for every draw it makes, with the bytes of the copy; and its time
+    under a split placement while no draw is in flight (waiting on the copy then would hold the
+    trainer until the sampler's queued draws finish, and undo the overlap)."""
     t = time.perf_counter()
     sampler = engine.rollout_params(exp, state.params["policy"], c.rollout_batch)
     if sampler is state.params["policy"]:  # Already in the layout: nothing moved.
       return sampler, {"perf/push_bytes": 0.0}
-    jax.block_until_ready(sampler)
-    return sampler, {"perf/push_bytes": float(placement.bytes_received(sampler)),
-                     "time/push_s": time.perf_counter() - t}
+    stats = {"perf/push_bytes": float(placement.bytes_received(sampler))}
+    if exp.sampler_devices and not ahead:
+      jax.block_until_ready(sampler)
+      stats["time/push_s"] = time.perf_counter() - t
+    return sampler, stats
 
   def draw(sampler, step, k_sample, j):
     """Draw j of iteration `step` from `sampler` (the policy in the rollout layout): its prompts'
@@ -486,7 +490,9 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
     m = {**{name: float(v) for name, v in m.items()}, **stats}
     if staleness:  # Each batch's age, and the sampler/trainer gap at that age.
       lag = step - version
-      m["rollout/version_lag"] = float(lag)
+      m["rollout/version_lag"] = float(lag)  # The oldest rows': a refill's draws are of age 0.
+      refilled_share = stats.get("dynamic_sampling/refilled_groups", 0.0) / (c.rollout_batch // k)
+      m["rollout/version_lag_mean"] = lag * (1.0 - refilled_share)
       m.update({f"sampling/lag_{lag}/{name.removeprefix('sampling/')}": v
                 for name, v in list(m.items()) if name.startswith("sampling/")})
     if with_gold:
