@@ -246,6 +246,9 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   changed.stages = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo,eval"
   changed.online_dpo.judge = "train_pool"  # Labelled on the host by the flipped training pool.
   changed.eval.methods = "rloo,grpo,dapo,gspo,reinforce_pp,online_dpo"
+  # Each trains on batches one policy version old (docs/scaling.md: asynchronous rollouts): the
+  # second iteration's batch is sampled by the first, before the first updates.
+  changed.rollout.max_staleness = 1
   # A reward function of the test's own beside the reward model, in every method.
   functions = tmp_path / "my_rewards.py"
   functions.write_text(test_reward_functions.FUNCTIONS)
@@ -274,6 +277,9 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
   draws = [dapo[s]["dynamic_sampling/gen_batches"] for s in (1, 2)]
   assert max(draws) > 1 and max(dapo[s]["dynamic_sampling/refilled_groups"] for s in (1, 2)) > 0
   assert len(trained_prompts) == 2 and all((p % 2 == 0).all() for p in trained_prompts)
+  # A refill's groups come from the newest policy: of age 0, below the first draw's 1.
+  assert dapo[2]["rollout/version_lag_mean"] == 1.0 - dapo[2][
+      "dynamic_sampling/refilled_groups"] / (changed.dapo.rollout_batch // changed.dapo.k)
   for task in ("rloo", "grpo", "dapo", "gspo", "reinforce_pp", "online_dpo"):
     test_reward_functions.check_logged_means(workdir, task, changed[task].steps, ("vowels",),
                                              str(functions))
@@ -284,6 +290,7 @@ def test_online_methods_log_answer_and_join_the_leaderboard(tiny_pipeline, tmp_p
     for name in names + ("objective/gold", "time/episodes_per_s"):
       assert name in logged[c.steps], (task, name)
     assert logged[0]["eval/kl"] == pytest.approx(0.0, abs=1e-5)
+    assert [logged[s]["rollout/version_lag"] for s in (1, 2)] == [0.0, 1.0], task
     with open(f"{workdir}/{task}/outputs.json") as f:
       assert len(json.load(f)["outputs"]) == config.eval.num_examples
   from rlhfjax.evaluation import leaderboard
