@@ -89,6 +89,25 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable: files stay whole.
 
 
+# Seconds per test file (setup, call and teardown of its tests: module fixtures included), summed
+# from the reports the workers send: what _LONGEST_FIRST orders by and the suite's time is made of.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+  name = report.nodeid.split("::")[0]
+  _FILE_SECONDS[name] = _FILE_SECONDS.get(name, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+  if not _FILE_SECONDS:
+    return
+  terminalreporter.section("seconds per test file (the 15 longest; all files "
+                           f"{sum(_FILE_SECONDS.values()):.0f} s)")
+  for name, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+    terminalreporter.write_line(f"{seconds:8.1f}  {name}")
+
+
 def pytest_sessionfinish(session, exitstatus):
   if _OWN_CACHE:
     shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
