@@ -66,8 +66,9 @@ def pass_counts(exp: experiment.Experiment, params: Any, examples: Sequence[pipe
     return {}
   correct = reward_functions.load({"functions": e.correct, "weights": "", "model_weight": 1.0})
   repeated = [x for x in examples for _ in range(k)]
-  texts, _ = engine.sample_texts(exp, params, repeated, jax.random.key(exp.config.seed + rng_streams.PASS_AT_K),
-                                 e.pass_temperature, e.batch_size, control=control)
+  key = jax.random.key(exp.config.seed + rng_streams.PASS_AT_K)
+  texts, _ = engine.sample_texts(exp, params, repeated, key, e.pass_temperature, e.batch_size,
+                                 control=control)
   ids = [exp.tokenizer.encode(t) for t in texts]
   _, values = reward_functions.evaluate(correct, repeated, texts, ids)
   right = np.nan_to_num(next(iter(values.values()))).reshape(len(examples), k) == 1.0
