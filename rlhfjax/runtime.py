@@ -25,7 +25,8 @@ creates the backend):
     CPU, for a larger resident set. One arena means one malloc lock for every thread: measured on
     2 cores only. "auto" (default) is "reuse" where glibc is the C library and JAX will
     compute on the CPU (JAX_PLATFORMS starts with cpu, or the host has no GPU or TPU device
-    node); "system" leaves glibc's defaults. Set only before the backend starts (it governs the
+    node); "system" leaves glibc's defaults, as does any setting where an allocator in
+    LD_PRELOAD (tcmalloc, jemalloc) replaces glibc's malloc. Set only before the backend starts (it governs the
     threads XLA creates then); afterwards it is left as it was.
 """
 
@@ -79,10 +80,16 @@ def _reuse_host_memory() -> bool:
 
   A thread that allocated before this keeps its own arena, and glibc hands the arena of a finished
   thread to the next new one: call it before any other thread allocates (`python -m rlhfjax.main`
-  does; elsewhere MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 in the environment is the sure way)."""
+  does; elsewhere MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 in the environment is the sure way).
+  False too where another allocator took malloc's place (tcmalloc or jemalloc in LD_PRELOAD): it
+  keeps freed memory by itself, and its mallopt does nothing."""
   if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
     return False
-  mallopt = ctypes.CDLL(None).mallopt
+  process, libc = ctypes.CDLL(None), ctypes.CDLL("libc.so.6")
+  if ctypes.cast(process.malloc, ctypes.c_void_p).value != ctypes.cast(libc.malloc,
+                                                                        ctypes.c_void_p).value:
+    return False
+  mallopt = process.mallopt
   mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
   done = [mallopt(param, value) for param, value in
           ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _KEEP_FREE_BYTES))]

@@ -1,6 +1,7 @@
 """config.runtime: matmul precision and deterministic GPU ops reach JAX and XLA; glibc reuses XLA's
 large host buffers."""
 
+import ctypes.util
 import json
 import os
 import platform
@@ -128,8 +129,12 @@ print(json.dumps({"done": done["host_malloc"], "cpu": runtime.computes_on_cpu(),
 """
 
 
-def _malloc_child(setting: str, platforms: str) -> dict:
-  env = {**os.environ, "JAX_PLATFORMS": platforms}
+def _malloc_child(setting: str, platforms: str, preload: str | None = None) -> dict:
+  """The child's figures under `setting`, with glibc's malloc (the suite's tcmalloc taken out of
+  LD_PRELOAD) or with `preload`."""
+  env = {**{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, "JAX_PLATFORMS": platforms}
+  if preload:
+    env["LD_PRELOAD"] = preload
   out = subprocess.run([sys.executable, "-c", _MALLOC_CHILD, setting], env=env, cwd=ROOT,
                        check=True, capture_output=True, text=True).stdout
   return json.loads(out.splitlines()[-1])
@@ -146,6 +151,9 @@ def test_reuse_keeps_a_threads_large_buffer_instead_of_faulting_it_in_every_step
   assert system["done"] == "system" and system["faults"] >= 4 * pages  # glibc alone: 8 times.
   elsewhere = _malloc_child("auto", "cuda")  # JAX will compute on a GPU: glibc's defaults.
   assert not elsewhere["cpu"] and elsewhere["done"] == "system"
+  tcmalloc = ctypes.util.find_library("tcmalloc_minimal")
+  if tcmalloc:  # Another allocator in charge: nothing to set, and the run says so.
+    assert _malloc_child("reuse", "cpu", preload=tcmalloc)["done"] == "system"
 
 
 def test_host_malloc_setting_is_checked_and_stays_once_the_backend_runs(restore):
