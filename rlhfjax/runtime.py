@@ -26,8 +26,8 @@ creates the backend):
     2 cores only. "auto" (default) is "reuse" where glibc is the C library and JAX will
     compute on the CPU (JAX_PLATFORMS starts with cpu, or the host has no GPU or TPU device
     node); "system" leaves glibc's defaults, as does any setting where an allocator in
-    LD_PRELOAD (tcmalloc, jemalloc) replaces glibc's malloc. Set only before the backend starts (it governs the
-    threads XLA creates then); afterwards it is left as it was.
+    LD_PRELOAD (tcmalloc, jemalloc) replaces glibc's malloc. Set only before the backend starts
+    (it governs the threads XLA creates then); afterwards it is left as it was.
 """
 
 from __future__ import annotations
