@@ -80,10 +80,13 @@ def test_tpu_pod_refuses_a_job_that_does_not_fit_before_creating_anything(capsys
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs '.[tpu]'")
 def test_tpu_pod_passes_the_mesh_auto_chose_to_the_job(capsys):
+  """The fit check's task=compile picks the mesh; the job runs on it. One candidate compiled (the
+  planner's first; test_compile ranks and compiles several): each is a TPU compile, 10 s here."""
   tpu = _load("tpu_pod")
   assert tpu.main(["run", "--name", "ok", "--zone", "z", "--accelerator", "v5litepod-4",
                    "--bucket", "bk", "--dry_run", "--fit_steps", "sft", "--", "--config",
-                   "configs/tldr_sim.py:tiny", "--config.mesh.auto=True"]) == 0
+                   "configs/tldr_sim.py:tiny", "--config.mesh.auto=True",
+                   "--config.compile.auto_candidates=1"]) == 0
   run = [line for line in capsys.readouterr().out.splitlines() if line.startswith("gcloud")][-1]
   assert "--config.mesh.auto=False" in run and "--config.mesh.fsdp=" in run
 
