@@ -33,7 +33,7 @@ for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitte
 # environment) and the runs they start. Compiling is most of a tiny test's time and allocates in
 # small pieces from several threads: with glibc's allocator (one arena, as runtime.host_malloc
 # sets it) a TPU compile spent a sixth of its time in malloc and free. Measured on 2 cores:
-# test_compile's critic-free updates 22% faster, one family pipeline 20%
+# test_compile's critic-free updates and one family pipeline 14-23% faster than under `reuse`
 # (docs/research/performance_sessions.md). Allocation changes no result. LD_PRELOAD set by hand is
 # kept; tcmalloc's notes on allocations over 1 GiB are silenced (some tests read a run's stderr).
 if "LD_PRELOAD" not in os.environ:
