@@ -96,3 +96,30 @@ def test_pad_left_and_right():
   toks, mask = formats.pad([[5, 6], [7]], 3, 0, "right")
   np.testing.assert_array_equal(toks, [[5, 6, 0], [7, 0, 0]])
   np.testing.assert_array_equal(mask, [[1, 1, 0], [1, 0, 0]])
+
+
+# --- Chat templates (rlhfjax/data/templates.py) ----------------------------------------------------
+
+def test_templates_render_as_transformers_does_and_compile_once():
+  from rlhfjax.data import templates
+  # Loop controls, a namespace, an unescaped tojson, whitespace control as transformers sets it.
+  template = ("{% set ns = namespace(n=0) %}{% for m in messages %}"
+              "{% if m['role'] == 'system' %}{% continue %}{% endif %}{% set ns.n = ns.n + 1 %}"
+              "[{{ m['role'] }}] {{ m['content'] | tojson }}\n{% endfor %}"
+              "{% if add_generation_prompt %}<{{ ns.n }}>{% endif %}")
+  messages = [{"role": "system", "content": "x"}, {"role": "user", "content": "a<b & \"c\""}]
+  templates._compiled.cache_clear()  # pylint: disable=protected-access
+  for _ in range(3):
+    assert templates.render(template, messages, True) == '[user] "a<b & \\"c\\""\n<1>'
+  assert templates._compiled.cache_info().misses == 1  # pylint: disable=protected-access
+
+
+def test_templates_fail_with_a_config_error_and_stay_in_the_sandbox():
+  from rlhfjax.data import templates
+  with pytest.raises(ConfigError, match="the chat template failed on 1 messages: roles must alt"):
+    templates.render("{{ raise_exception('roles must alternate') }}", [{"role": "user"}], True)
+  # A checkpoint's template is untrusted: no reaching Python's internals through its objects.
+  with pytest.raises(ConfigError, match="the chat template failed"):
+    templates.render("{{ messages.__class__.__mro__ }}", [], True)
+  with pytest.raises(ConfigError, match="the chat template failed"):
+    templates.render("{% set x = messages.append(1) %}", [], True)  # Immutable.

@@ -31,6 +31,7 @@ import json
 import os
 from typing import Any, Iterable, Sequence
 
+from rlhfjax.data import templates
 from rlhfjax.data.tokenizer import before_eos
 from rlhfjax.errors import ConfigError
 
@@ -136,18 +137,10 @@ class PretrainedTokenizer:
     """`messages` ([{'role': 'user', 'content': ...}, ...]) in the model's chat template."""
     if not self.chat_template:
       raise ConfigError("this model has no chat template")
-    try:
-      import jinja2  # pylint: disable=g-import-not-at-top
-    except ImportError as e:
-      raise ConfigError("chat templates need `jinja2`: pip install jinja2") from e
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)  # As transformers renders.
-    try:
-      return env.from_string(self.chat_template).render(
-          messages=list(messages), add_generation_prompt=add_generation_prompt,
-          enable_thinking=self.thinking, bos_token=self._tok.id_to_token(self.bos_id),
-          eos_token=self._eos_token)
-    except jinja2.TemplateError as e:
-      raise ConfigError(f"the chat template failed on {len(messages)} messages: {e}") from e
+    return templates.render(self.chat_template, list(messages), add_generation_prompt,
+                            enable_thinking=self.thinking,
+                            bos_token=self._tok.id_to_token(self.bos_id),
+                            eos_token=self._eos_token)
 
 
 def from_directory(directory: str, chat: bool = False, thinking: bool = False

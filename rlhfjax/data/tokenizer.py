@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 from rlhfjax import files
+from rlhfjax.data import templates
 from rlhfjax.errors import DataError
 
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = 0, 1, 2, 3
@@ -77,11 +78,9 @@ class Tokenizer:
     """`messages` in `chat_template`, rendered as transformers renders templates."""
     if not self.chat_template:
       raise ValueError("this tokenizer has no chat template (set format.chat_template)")
-    import jinja2  # pylint: disable=g-import-not-at-top
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(self.chat_template).render(
-        messages=list(messages), add_generation_prompt=add_generation_prompt,
-        bos_token=self._sp.id_to_piece(self.bos_id), eos_token=self._sp.id_to_piece(self.eos_id))
+    return templates.render(self.chat_template, list(messages), add_generation_prompt,
+                            bos_token=self._sp.id_to_piece(self.bos_id),
+                            eos_token=self._sp.id_to_piece(self.eos_id))
 
   def save(self, path: str) -> None:
     """Writes the `.model` file atomically."""
