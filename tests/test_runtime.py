@@ -162,3 +162,41 @@ def test_host_malloc_setting_is_checked_and_stays_once_the_backend_runs(restore)
   jax.devices()  # The backend runs: glibc's settings stay what they were.
   first = runtime.apply({"host_malloc": "reuse"}, "float32")["host_malloc"]
   assert runtime.apply({"host_malloc": "system"}, "float32")["host_malloc"] == first
+
+
+_WITHOUT = """
+import json, os, sys
+from rlhfjax.evaluation import summaries
+from rlhfjax.training import metrics
+w = metrics.MetricWriter(sys.argv[1], "m")
+w.write(1, {"loss": 0.5})
+w.write_text(1, "sample", "a summary")
+w.close()
+score = float(summaries.rouge_l(["the cats ran home"], ["a cat runs home"])[0])
+hidden = [m for m in ("torch", "scipy.stats") if m in sys.modules]
+import scipy.stats  # Importable again once the libraries are in.
+print(json.dumps([score, hidden, os.listdir(os.path.join(sys.argv[1], "tb", "m"))]))
+"""
+
+
+def test_metrics_and_rouge_load_without_torch_or_scipy_stats(tmp_path):
+  """tensorboardX and rouge-score come in without torch and scipy.stats (rlhfjax/imports.py), and
+  still write TensorBoard events and score ROUGE-L with stemming."""
+  out = subprocess.run([sys.executable, "-c", _WITHOUT, str(tmp_path)], capture_output=True,
+                       text=True, check=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  score, hidden, events = json.loads(out.stdout)
+  # Stemmed, "cats" is "cat": the common subsequence is "cat home", 2 of 4 tokens each (0.25
+  # without the stemmer).
+  assert abs(score - 0.5) < 1e-6
+  assert hidden == [] and len(events) == 1 and events[0].startswith("events.out.tfevents")
+
+
+def test_without_hides_a_module_only_inside_the_block():
+  from rlhfjax import imports
+  name = "rlhfjax_never_installed_module"
+  with imports.without(name, "os"):
+    with pytest.raises(ImportError):
+      __import__(name)
+    import os as again  # Already imported: left as it is.  pylint: disable=reimported
+    assert again is os
+  assert name not in sys.modules

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Mapping, Sequence
 
 from rlhfjax.errors import DataError
 from rlhfjax import files as files_lib
+from rlhfjax import imports
 from rlhfjax.simulated import world
 from rlhfjax.sources import reddit
 
@@ -234,8 +235,9 @@ class _StemmingTokenizer:
   `python -m rlhfjax.main` imports this module."""
 
   def __init__(self):
-    from nltk.stem import porter  # pylint: disable=import-outside-toplevel
-    from rouge_score import tokenize  # pylint: disable=import-outside-toplevel
+    with imports.without("scipy.stats"):  # NLTK's, for measures ROUGE does not use.
+      from nltk.stem import porter  # pylint: disable=import-outside-toplevel
+      from rouge_score import tokenize  # pylint: disable=import-outside-toplevel
     self.stem = functools.lru_cache(maxsize=1 << 18)(porter.PorterStemmer().stem)
     self._tokenize = tokenize.tokenize
 

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import tqdm
 
+from rlhfjax import imports
+
 T = TypeVar("T")
 
 
@@ -29,7 +31,8 @@ class MetricWriter:
     self.enabled = jax.process_index() == 0
     self.path = os.path.join(workdir, f"{name}.jsonl")
     if self.enabled:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      with imports.without("torch"):  # Scalars and text only: no torch tensors to accept.
+        from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       os.makedirs(workdir, exist_ok=True)
       self._jsonl = open(self.path, "a", encoding="utf-8")
       self._tb = SummaryWriter(os.path.join(workdir, "tb", name))
