@@ -173,14 +173,15 @@ w.write(1, {"loss": 0.5})
 w.write_text(1, "sample", "a summary")
 w.close()
 score = float(summaries.rouge_l(["the cats ran home"], ["a cat runs home"])[0])
-hidden = [m for m in ("torch", "scipy.stats") if m in sys.modules]
-import scipy.stats  # Importable again once the libraries are in.
+hidden = [m for m in ("torch", "scipy.stats", "scipy.sparse", "sklearn") if m in sys.modules]
+import scipy.stats, scipy.sparse, sklearn  # Importable again once the libraries are in.
 print(json.dumps([score, hidden, os.listdir(os.path.join(sys.argv[1], "tb", "m"))]))
 """
 
 
-def test_metrics_and_rouge_load_without_torch_or_scipy_stats(tmp_path):
-  """tensorboardX and rouge-score come in without torch and scipy.stats (rlhfjax/imports.py), and
+def test_metrics_and_rouge_load_without_torch_scipy_or_sklearn(tmp_path):
+  """tensorboardX and rouge-score come in without torch, scipy.stats, scipy.sparse and scikit-learn
+  (rlhfjax/imports.py), and
   still write TensorBoard events and score ROUGE-L with stemming."""
   out = subprocess.run([sys.executable, "-c", _WITHOUT, str(tmp_path)], capture_output=True,
                        text=True, check=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})

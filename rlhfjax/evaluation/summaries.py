@@ -23,9 +23,8 @@ if TYPE_CHECKING:
 
 @functools.lru_cache(maxsize=1)
 def _scorer() -> rouge_scorer.RougeScorer:
-  # Imported when first used, without scipy.stats (rlhfjax/imports.py): rouge-score imports NLTK,
-  # 2 s at every start of the CLI, 0.7 s so.
-  with imports.without("scipy.stats"):
+  # Imported when first used, without what NLTK would load for nothing (rlhfjax/imports.py).
+  with imports.without(*imports.NLTK_UNUSED):
     from rouge_score import rouge_scorer  # pylint: disable=import-outside-toplevel,redefined-outer-name
   return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
 

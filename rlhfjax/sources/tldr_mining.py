@@ -235,7 +235,7 @@ class _StemmingTokenizer:
   `python -m rlhfjax.main` imports this module."""
 
   def __init__(self):
-    with imports.without("scipy.stats"):  # NLTK's, for measures ROUGE does not use.
+    with imports.without(*imports.NLTK_UNUSED):
       from nltk.stem import porter  # pylint: disable=import-outside-toplevel
       from rouge_score import tokenize  # pylint: disable=import-outside-toplevel
     self.stem = functools.lru_cache(maxsize=1 << 18)(porter.PorterStemmer().stem)
