@@ -184,7 +184,8 @@ def test_metrics_and_rouge_load_without_torch_scipy_or_sklearn(tmp_path):
   (rlhfjax/imports.py), and
   still write TensorBoard events and score ROUGE-L with stemming."""
   out = subprocess.run([sys.executable, "-c", _WITHOUT, str(tmp_path)], capture_output=True,
-                       text=True, check=True, timeout=120, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                       text=True, check=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
   score, hidden, events = json.loads(out.stdout)
   # Stemmed, "cats" is "cat": the common subsequence is "cat home", 2 of 4 tokens each (0.25
   # without the stemmer).

@@ -98,7 +98,7 @@ def test_pad_left_and_right():
   np.testing.assert_array_equal(mask, [[1, 1, 0], [1, 0, 0]])
 
 
-# --- Chat templates (rlhfjax/data/templates.py) ----------------------------------------------------
+# --- Chat templates (rlhfjax/data/templates.py) -------------------------------------------------
 
 def test_templates_render_as_transformers_does_and_compile_once():
   from rlhfjax.data import templates
