@@ -32,6 +32,11 @@ def test_splits_are_disjoint_ranges():
   ids = [e.id for v in splits.values() for e in v]
   assert len(set(ids)) == 19
   assert splits["pref"] == world.generate(3, 10, 5)
+  # Made once per process; each call gets lists of its own.
+  splits["sft"].clear()
+  again = world.make_splits(3, {"sft": 10, "pref": 5, "test": 4})
+  assert len(again["sft"]) == 10 and again["sft"] == world.generate(3, 0, 10)
+  assert world.make_splits(3, {"sft": 2, "pref": 5})["pref"] == world.generate(3, 2, 5)
 
 
 def test_lengths_and_vocabulary():

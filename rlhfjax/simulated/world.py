@@ -397,11 +397,21 @@ def generate(seed: int, start: int, count: int,
 
 def make_splits(seed: int, sizes: Mapping[str, int],
                 reference_noise: float = 1.0) -> dict[str, list[pipeline.Tldr]]:
-  """Consecutive, disjoint index ranges in the order of `sizes`."""
+  """Consecutive, disjoint index ranges in the order of `sizes`. The last world made is kept for
+  the process (every stage of a run prepares the same one; the examples are frozen), and each call
+  returns new lists."""
+  splits = _splits(int(seed), tuple((name, int(n)) for name, n in sizes.items()),
+                   float(reference_noise))
+  return {name: list(examples) for name, examples in splits.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _splits(seed: int, sizes: tuple[tuple[str, int], ...],
+            reference_noise: float) -> dict[str, tuple[pipeline.Tldr, ...]]:
   out, start = {}, 0
-  for name, n in sizes.items():
-    out[name] = generate(seed, start, int(n), reference_noise)
-    start += int(n)
+  for name, n in sizes:
+    out[name] = tuple(generate(seed, start, n, reference_noise))
+    start += n
   return out
 
 
