@@ -20,12 +20,16 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # The tests' programs are tiny and compiled once each, so on a CPU the compile costs far more than
 # the code it makes saves: the suite compiles without LLVM's optimisation passes (a third of
-# test_model.py's wall time) and with XLA:CPU's older elemental emitters instead of its MLIR fusion
-# emitters (a third to two fifths of the rest of a training step's compile: tests/parallel_steps.py's
-# SFT, PPO and GRPO steps on one CPU device and on 2x2x2). The processes the suite starts inherit the flags. Every test compares
-# results computed under the same flags, so none depends on them; a user's runs compile with XLA's
-# defaults. A flag set by hand is kept.
-for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+# test_model.py's wall time), with XLA:CPU's older elemental emitters instead of its MLIR fusion
+# emitters (a third to two fifths of the rest of a training step's compile:
+# tests/parallel_steps.py's SFT, PPO and GRPO steps on one CPU device and on 2x2x2), and as one
+# LLVM module instead of several compiled on threads of their own: the suite's two workers keep
+# both cores busy, so the split only adds work (a tiny SFT step's compile, on one device and on
+# 2x2x2: 17-18% less CPU time). The processes the suite starts inherit the flags. Every test
+# compares results computed under the same flags, so none depends on them; a user's runs compile
+# with XLA's defaults. A flag set by hand is kept.
+for _flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+              "--xla_cpu_parallel_codegen_split_count=1"):
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), _flag]).strip()
 # tcmalloc, where the host has it (Debian's libtcmalloc-minimal4; .ci/run installs it), for every
