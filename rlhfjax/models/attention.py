@@ -51,8 +51,6 @@ from typing import Any
 import jax
 import jax.extend.backend
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_lib
-from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.sharding import PartitionSpec as P
 
 from rlhfjax.models.config import ModelConfig
@@ -305,6 +303,11 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, *, win
   other than TPU, it runs the kernel's emulation (Pallas interpret mode): correct but slow, for
   tests.
   """
+  # Imported here: Pallas and the kernel take a quarter of a second to import, and only splash
+  # runs need them.
+  from jax.experimental.pallas.ops.tpu import splash_attention
+  splash_lib = splash_attention.splash_attention_kernel
+  splash_mask = splash_attention.splash_attention_mask
   b, t, h, dh = q.shape
   padded = -(-t // 128) * 128
   block = next(n for n in _SPLASH_BLOCKS if padded % n == 0)
