@@ -9,7 +9,9 @@ Two libraries this project uses import heavy packages it never reaches through t
 Both import the package inside `try ... except ImportError` and go on without it. `without` makes
 that import fail for the duration of one import (a name set to None in `sys.modules` is refused by
 Python's import system) and restores it after, so a later `import torch` or `import scipy.stats`
-anywhere in the process works as usual. A package already imported is left as it is.
+anywhere in the process works as usual. A package already imported is left as it is. The
+names are hidden from the whole process while the block runs, so it holds one import and
+nothing else: the callers import these libraries from the main thread, before any run starts.
 """
 
 from __future__ import annotations

@@ -181,8 +181,7 @@ print(json.dumps([score, hidden, os.listdir(os.path.join(sys.argv[1], "tb", "m")
 
 def test_metrics_and_rouge_load_without_torch_scipy_or_sklearn(tmp_path):
   """tensorboardX and rouge-score come in without torch, scipy.stats, scipy.sparse and scikit-learn
-  (rlhfjax/imports.py), and
-  still write TensorBoard events and score ROUGE-L with stemming."""
+  (rlhfjax/imports.py), and still write TensorBoard events and score ROUGE-L with stemming."""
   out = subprocess.run([sys.executable, "-c", _WITHOUT, str(tmp_path)], capture_output=True,
                        text=True, check=True, timeout=120,
                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
