@@ -11,7 +11,8 @@ that import fail for the duration of one import (a name set to None in `sys.modu
 Python's import system) and restores it after, so a later `import torch` or `import scipy.stats`
 anywhere in the process works as usual. A package already imported is left as it is. The
 names are hidden from the whole process while the block runs, so it holds one import and
-nothing else: the callers import these libraries from the main thread, before any run starts.
+nothing else; the threads a run has besides the main one (orbax's checkpoint writers, the
+rollout's sampler) import none of these names.
 """
 
 from __future__ import annotations
