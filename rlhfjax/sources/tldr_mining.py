@@ -231,8 +231,8 @@ def read_pairs(path: str) -> Iterator[dict]:
 class _StemmingTokenizer:
   """rouge-score's default tokenizer with its Porter stemmer (`use_stemmer=True`), the stems
   memoised: stemming is most of the cost of scoring, and words repeat across a corpus. rouge-score
-  and NLTK are imported here, not with the module: NLTK's import alone takes 2 s, and every
-  `python -m rlhfjax.main` imports this module."""
+  and NLTK are imported here, not with the module (and without what NLTK would load for nothing,
+  rlhfjax/imports.py): every `python -m rlhfjax.main` imports this module."""
 
   def __init__(self):
     with imports.without(*imports.NLTK_UNUSED):
