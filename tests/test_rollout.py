@@ -63,8 +63,8 @@ def test_cache_blocks_read_the_filled_cache_only_and_sample_the_same():
   cache, logits = sampling.prefill(PARAMS, PROMPTS, MASK, CFG, 8)
   step = lambda read: jax.jit(sampling.decode_step, static_argnames=(
       "cfg", "scfg", "prompt_len", "cache_read")).lower(
-          PARAMS, cache, logits, jnp.zeros(4, bool), 0, jax.random.key(0), MASK.sum(-1), CFG,
-          FULL, 5, read).as_text()
+          PARAMS, cache, logits, jnp.zeros(4, bool), 0, jax.random.key(0), MASK.sum(-1),
+          FULL.knobs(), CFG, FULL.program(), 5, read).as_text()
   assert "<4x2x9x8xf32>" in step(9) and "<4x2x9x8xf32>" not in step(0)  # [B, KV, read, Dh]
 
 

@@ -1,5 +1,7 @@
 """The KV-cache sampler: support restriction, eos handling, log-probs, padding invariance."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,6 +60,27 @@ def test_logprobs_match_recomputation():
   expect = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits / 0.8)), out.tokens[..., None],
                               -1)[..., 0]
   np.testing.assert_allclose(out.logprobs, expect, atol=1e-4)
+
+
+def test_one_compile_serves_every_temperature_and_top_p():
+  """Temperature and top-p are values of the compiled sampler (as a server takes them per
+  request): the stages that sample at different temperatures share one compile, and each value is
+  the one its log-probs are taken at."""
+  base = sampling.SamplingConfig(max_new_tokens=4, eos_id=-1, pad_id=0, temperature=0.7, top_p=0.9)
+  compiled = sampling._sample._cache_size()  # pylint: disable=protected-access
+  for temperature, top_p in ((0.7, 0.9), (1.3, 0.9), (0.7, 0.6)):
+    out = _sample(dataclasses.replace(base, temperature=temperature, top_p=top_p))
+    logits = _step_logits(PARAMS, PROMPTS, MASK, out.tokens) / temperature
+    expect = np.take_along_axis(np.asarray(jax.nn.log_softmax(logits)), out.tokens[..., None],
+                                -1)[..., 0]
+    np.testing.assert_allclose(out.logprobs, expect, atol=1e-4)
+    allowed = np.asarray(sampling.truncate(jnp.asarray(logits), 0, top_p)) > -1e29
+    assert np.take_along_axis(allowed, out.tokens[..., None], -1).all()
+  assert sampling._sample._cache_size() == compiled + 1  # pylint: disable=protected-access
+  # Greedy, and no nucleus, are other programs.
+  _sample(dataclasses.replace(base, temperature=0.0))
+  _sample(dataclasses.replace(base, top_p=1.0))
+  assert sampling._sample._cache_size() == compiled + 3  # pylint: disable=protected-access
 
 
 def test_greedy_is_argmax_and_padding_invariant():

@@ -2,8 +2,8 @@
 
 One prefill forward writes the (left-padded) prompt into a cache of `prompt_len + max_new_tokens`
 slots; then a `lax.while_loop` decodes one token per step. Shapes never depend on the data, so one
-compile serves every batch, and `sample` is jitted at module level with the configs static, so
-compiles are cached across calls.
+compile serves every batch, and the sampler is jitted at module level with the model and the
+sampler's program static, so compiles are cached across calls.
 
 Two things keep decoding at the work it must do (`SamplingConfig`):
 - `early_stop`: the loop ends as soon as every row has emitted its eos (or at `max_new_tokens`).
@@ -20,6 +20,12 @@ Log-probs are those of the sampled token under `log_softmax(logits / temperature
 top-p truncation: exactly what a later forward pass at the same temperature recomputes (as PPO does),
 so the two agree. Greedy decoding (temperature 0) reports log-probs at temperature 1. After the first
 eos every token is `pad_id` with log-prob 0.
+
+The temperature and top-p reach the compiled sampler as values (`Knobs`), as a server such as vLLM
+takes them per request: only whether it is greedy and whether it truncates to a nucleus are compiled
+in (`SamplingConfig.program`), so the evaluation's, the labels' and the rollouts' temperatures share
+one compile at a batch shape (on a TPU, minutes for an 8B model). top-k stays compiled in: it sets
+the shape of `lax.top_k`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlhfjax.models.config import ModelConfig
 from rlhfjax.models import sharding_rules
@@ -52,6 +59,22 @@ class SamplingConfig:
   early_stop: bool = True  # End when every row has emitted eos.
   cache_block: int = 0  # Decode steps per block reading the cache up to its end; 0: all slots.
 
+  def program(self) -> SamplingConfig:
+    """This config as the compiled sampler sees it: the temperature only as greedy (0.0) or not
+    (1.0), top-p only as a nucleus (0.0) or none (1.0); their values are `knobs()`."""
+    return dataclasses.replace(self, temperature=0.0 if self.temperature == 0.0 else 1.0,
+                               top_p=0.0 if self.top_p < 1.0 else 1.0)
+
+  def knobs(self) -> Knobs:
+    """The temperature and top-p as values passed to the compiled sampler."""
+    return Knobs(np.float32(self.temperature), np.float32(self.top_p))
+
+
+class Knobs(NamedTuple):
+  """The sampling settings that are values of the compiled sampler, not part of its program."""
+  temperature: jax.Array  # [] float32; unused when greedy.
+  top_p: jax.Array  # [] float32; unused without a nucleus.
+
 
 class SampleOutput(NamedTuple):
   tokens: jax.Array  # [B, T] int32, pad after the first eos.
@@ -60,12 +83,13 @@ class SampleOutput(NamedTuple):
   steps: jax.Array  # [] int32, tokens drawn per row: max_new_tokens, or one past the last eos.
 
 
-def truncate(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
-  """Sets logits outside the top-k and outside the top-p nucleus to -inf (the top token survives)."""
+def truncate(logits: jax.Array, top_k: int, top_p: float | jax.Array) -> jax.Array:
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf (the top token survives).
+  A Python `top_p` of 1.0 or more skips the nucleus; an array `top_p` always computes it."""
   if top_k > 0:
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, _NEG_INF, logits)
-  if top_p < 1.0:
+  if not isinstance(top_p, (int, float)) or top_p < 1.0:
     sorted_logits = jnp.sort(logits, -1)[..., ::-1]
     probs = jax.nn.softmax(sorted_logits, -1)
     mass_before = jnp.cumsum(probs, -1) - probs
@@ -82,16 +106,17 @@ def _argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x == top, jnp.arange(x.shape[-1], dtype=jnp.int32), x.shape[-1]), -1)
 
 
-def _choose(logits: jax.Array, rng: jax.Array, scfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+def _choose(logits: jax.Array, rng: jax.Array, knobs: Knobs,
+            scfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
   """Next token and its log-prob from [B,V] logits."""
   if scfg.temperature == 0.0:
     token = _argmax(logits)
     logp = jax.nn.log_softmax(logits)
   else:
-    scaled = logits / scfg.temperature
+    scaled = logits / knobs.temperature
     logp = jax.nn.log_softmax(scaled)
     # jax.random.categorical(rng, truncated), spelled out: the same Gumbel noise, a faster argmax.
-    truncated = truncate(scaled, scfg.top_k, scfg.top_p)
+    truncated = truncate(scaled, scfg.top_k, knobs.top_p if scfg.top_p < 1.0 else 1.0)
     token = _argmax(truncated + jax.random.gumbel(rng, truncated.shape, truncated.dtype))
   return token.astype(jnp.int32), jnp.take_along_axis(logp, token[:, None], -1)[:, 0]
 
@@ -101,10 +126,10 @@ def is_eos(tokens: jax.Array, eos_id: EosIds) -> jax.Array:
   return jnp.isin(tokens, jnp.asarray(eos_id, jnp.int32))
 
 
-def _emit(logits: jax.Array, done: jax.Array, i: jax.Array, rng: jax.Array,
+def _emit(logits: jax.Array, done: jax.Array, i: jax.Array, rng: jax.Array, knobs: Knobs,
           scfg: SamplingConfig) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Token `i` of every row (pad after its eos), its log-prob, whether it was emitted, and done."""
-  token, logp = _choose(logits, jax.random.fold_in(rng, i), scfg)
+  token, logp = _choose(logits, jax.random.fold_in(rng, i), knobs, scfg)
   emitted = ~done
   token = jnp.where(emitted, token, scfg.pad_id)
   logp = jnp.where(emitted, logp, 0.0)
@@ -121,12 +146,12 @@ def prefill(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, cfg: Model
 
 
 def decode_step(params, cache: transformer.Cache, logits: jax.Array, done: jax.Array,
-                i: jax.Array, rng: jax.Array, first_position: jax.Array, cfg: ModelConfig,
-                scfg: SamplingConfig, prompt_len: int, cache_read: int = 0):
-  """New token `i`: drawn from `logits`, then written into the cache by one forward pass that
-  gives the next logits, reading the first `cache_read` slots of the cache (0: all). Returns
-  (cache, next logits, done, (token, log-prob, emitted))."""
-  token, logp, emitted, done = _emit(logits, done, i, rng, scfg)
+                i: jax.Array, rng: jax.Array, first_position: jax.Array, knobs: Knobs,
+                cfg: ModelConfig, scfg: SamplingConfig, prompt_len: int, cache_read: int = 0):
+  """New token `i`: drawn from `logits` at `knobs`' temperature and top-p, then written into the
+  cache by one forward pass that gives the next logits, reading the first `cache_read` slots of the
+  cache (0: all). Returns (cache, next logits, done, (token, log-prob, emitted))."""
+  token, logp, emitted, done = _emit(logits, done, i, rng, knobs, scfg)
   hidden, cache = transformer.forward(params, token[:, None], cfg, mask=emitted[:, None],
                                       positions=(first_position + i)[:, None], cache=cache,
                                       cache_index=prompt_len + i, cache_read=cache_read)
@@ -144,13 +169,19 @@ def blocks(prompt_len: int, max_new_tokens: int, cache_block: int) -> list[tuple
           for s in range(0, last, size)]
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "scfg", "k"))
 def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
            cfg: ModelConfig, scfg: SamplingConfig, k: int = 1) -> SampleOutput:
   """Samples up to `scfg.max_new_tokens` tokens after left-padded prompts [B,P]; with `k` > 1, `k`
   samples of each prompt (rows [B*k], a prompt's samples adjacent). The prompts are prefilled once
   and their cache copied k times: the same samples as prefilling each repeated row, for 1/k of
-  the prefill."""
+  the prefill. Compiled once per model, shapes and `scfg.program()`."""
+  return _sample(params, prompt_tokens, prompt_mask, rng, scfg.knobs(), cfg=cfg,
+                 scfg=scfg.program(), k=k)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "scfg", "k"))
+def _sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Array,
+            knobs: Knobs, cfg: ModelConfig, scfg: SamplingConfig, k: int) -> SampleOutput:
   plen = prompt_tokens.shape[1]
   cache, logits = prefill(params, prompt_tokens, prompt_mask, cfg, scfg.max_new_tokens)
   first_position = prompt_mask.astype(jnp.int32).sum(-1)
@@ -172,14 +203,14 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
     def step(carry, read=read):
       i, cache, logits, done, out = carry
       cache, logits, done, new = decode_step(params, cache, logits, done, i, rng, first_position,
-                                             cfg, scfg, plen, read)
+                                             knobs, cfg, scfg, plen, read)
       return i + 1, cache, logits, done, tuple(o.at[i].set(n) for o, n in zip(out, new))
 
     carry = jax.lax.while_loop(more, step, carry)
   # The last token needs no forward pass after it. After an early stop every row is done, and
   # this writes the padding that is already there.
   i, _, logits, done, out = carry
-  new = _emit(logits, done, i, rng, scfg)[:3]
+  new = _emit(logits, done, i, rng, knobs, scfg)[:3]
   tokens, logps, emitted = (o.at[i].set(n) for o, n in zip(out, new))
   return SampleOutput(tokens.T, logps.T, emitted.sum(0).astype(jnp.int32), i + 1)
 

@@ -104,16 +104,18 @@ def steps(exp: experiment.Experiment, prog: Program, names: set[str], fast_domai
                                    temperature=config.ppo.temperature)
     read = 0  # The last block reads every slot (sampling.blocks).
     rows = NamedSharding(rpar.mesh, sharding_rules.spec(("batch",), (b,), rpar.mesh))
-    fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg, prompt_len=p_len,
-                                    cache_read=read),
-                  (policy_sh, cache_sh, logits_sh, rows, rpar.replicated, rpar.replicated, rows),
+    fn = rpar.jit(functools.partial(sampling.decode_step, cfg=cfg, scfg=scfg.program(),
+                                    prompt_len=p_len, cache_read=read),
+                  (policy_sh, cache_sh, logits_sh, rows, rpar.replicated, rpar.replicated, rows,
+                   rpar.replicated),
                   (cache_sh, logits_sh, rows, (rows, rows, rows)), (1,))
     abstract = lambda shape, dtype, s: jax.ShapeDtypeStruct(shape, dtype, sharding=s)
     kv = rpar.abstract(cache, cache_sh)
     logits = abstract((b, cfg.vocab_size), jnp.float32, logits_sh)
     args = (policy, kv, logits, abstract((b,), jnp.bool_, rows),
             abstract((), jnp.int32, rpar.replicated), key(rpar),
-            abstract((b,), jnp.int32, rows))
+            abstract((b,), jnp.int32, rows),
+            sampling.Knobs(*(abstract((), jnp.float32, rpar.replicated) for _ in range(2))))
     f = flops.forward(cfg, b, 1, keys=read or seq)
     planned = plan(b, 1)
     # Weights as the matmuls read them; under fsdp they are gathered, written and read again.
