@@ -77,8 +77,9 @@ def test_one_compile_serves_every_temperature_and_top_p():
     allowed = np.asarray(sampling.truncate(jnp.asarray(logits), 0, top_p)) > -1e29
     assert np.take_along_axis(allowed, out.tokens[..., None], -1).all()
   assert sampling._sample._cache_size() == compiled + 1  # pylint: disable=protected-access
-  # Greedy, and no nucleus, are other programs.
+  # Greedy, and no nucleus, are other programs; greedy at any top-k or top-p is one.
   _sample(dataclasses.replace(base, temperature=0.0))
+  _sample(dataclasses.replace(base, temperature=0.0, top_k=5, top_p=1.0))
   _sample(dataclasses.replace(base, top_p=1.0))
   assert sampling._sample._cache_size() == compiled + 3  # pylint: disable=protected-access
 

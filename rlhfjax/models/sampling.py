@@ -61,9 +61,11 @@ class SamplingConfig:
 
   def program(self) -> SamplingConfig:
     """This config as the compiled sampler sees it: the temperature only as greedy (0.0) or not
-    (1.0), top-p only as a nucleus (0.0) or none (1.0); their values are `knobs()`."""
-    return dataclasses.replace(self, temperature=0.0 if self.temperature == 0.0 else 1.0,
-                               top_p=0.0 if self.top_p < 1.0 else 1.0)
+    (1.0), top-p only as a nucleus (0.0) or none (1.0), their values being `knobs()`; greedy
+    decoding truncates nothing, so it drops top-k and top-p."""
+    if self.temperature == 0.0:
+      return dataclasses.replace(self, top_k=0, top_p=1.0)
+    return dataclasses.replace(self, temperature=1.0, top_p=0.0 if self.top_p < 1.0 else 1.0)
 
   def knobs(self) -> Knobs:
     """The temperature and top-p as values passed to the compiled sampler."""
