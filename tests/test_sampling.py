@@ -67,6 +67,7 @@ def test_one_compile_serves_every_temperature_and_top_p():
   request): the stages that sample at different temperatures share one compile, and each value is
   the one its log-probs are taken at."""
   base = sampling.SamplingConfig(max_new_tokens=4, eos_id=-1, pad_id=0, temperature=0.7, top_p=0.9)
+  # The jitted function's count of compiled programs (JAX's, private: a JAX upgrade may move it).
   compiled = sampling._sample._cache_size()  # pylint: disable=protected-access
   for temperature, top_p in ((0.7, 0.9), (1.3, 0.9), (0.7, 0.6)):
     out = _sample(dataclasses.replace(base, temperature=temperature, top_p=top_p))
@@ -77,6 +78,16 @@ def test_one_compile_serves_every_temperature_and_top_p():
     allowed = np.asarray(sampling.truncate(jnp.asarray(logits), 0, top_p)) > -1e29
     assert np.take_along_axis(allowed, out.tokens[..., None], -1).all()
   assert sampling._sample._cache_size() == compiled + 1  # pylint: disable=protected-access
+  # A step's log-probs are, bit for bit, those of the temperature compiled in as a constant (what
+  # the trainer's forward pass computes, and the sampler did before the temperature was a value).
+  logits = jax.random.normal(jax.random.key(1), (8, 64)) * 4
+  for temperature in (0.7, 1.3, 0.33):
+    scfg = dataclasses.replace(base, temperature=temperature)
+    choose = jax.jit(sampling._choose, static_argnums=3)  # pylint: disable=protected-access
+    token, logp = choose(logits, jax.random.key(2), scfg.knobs(), scfg.program())
+    constant = jax.jit(lambda x, t=temperature: jax.nn.log_softmax(x / t))(logits)
+    np.testing.assert_array_equal(logp, np.take_along_axis(np.asarray(constant),
+                                                           np.asarray(token)[:, None], -1)[:, 0])
   # Greedy, and no nucleus, are other programs; greedy at any top-k or top-p is one.
   _sample(dataclasses.replace(base, temperature=0.0))
   _sample(dataclasses.replace(base, temperature=0.0, top_k=5, top_p=1.0))

@@ -25,7 +25,9 @@ The temperature and top-p reach the compiled sampler as values (`Knobs`), as a s
 takes them per request: only whether it is greedy and whether it truncates to a nucleus are compiled
 in (`SamplingConfig.program`), so the evaluation's, the labels' and the rollouts' temperatures share
 one compile at a batch shape (on a TPU, minutes for an 8B model). top-k stays compiled in: it sets
-the shape of `lax.top_k`.
+the shape of `lax.top_k`. The logits are multiplied by the temperature's float32 reciprocal, which
+is what XLA makes of a division by a constant temperature (as in the trainer's forward pass), so the
+sampler's log-probs are those it computed when the temperature was compiled in, bit for bit.
 """
 
 from __future__ import annotations
@@ -61,21 +63,29 @@ class SamplingConfig:
 
   def program(self) -> SamplingConfig:
     """This config as the compiled sampler sees it: the temperature only as greedy (0.0) or not
-    (1.0), top-p only as a nucleus (0.0) or none (1.0), their values being `knobs()`; greedy
-    decoding truncates nothing, so it drops top-k and top-p."""
+    (1.0), top-p only as a nucleus (`PROGRAM_NUCLEUS`) or none (1.0), their values being
+    `knobs()`; greedy decoding truncates nothing, so it drops top-k and top-p."""
     if self.temperature == 0.0:
-      return dataclasses.replace(self, top_k=0, top_p=1.0)
-    return dataclasses.replace(self, temperature=1.0, top_p=0.0 if self.top_p < 1.0 else 1.0)
+      return dataclasses.replace(self, temperature=0.0, top_k=0, top_p=1.0)
+    return dataclasses.replace(self, temperature=1.0,
+                               top_p=PROGRAM_NUCLEUS if self.top_p < 1.0 else 1.0)
 
   def knobs(self) -> Knobs:
-    """The temperature and top-p as values passed to the compiled sampler."""
-    return Knobs(np.float32(self.temperature), np.float32(self.top_p))
+    """The temperature (as its reciprocal; 1 when greedy) and top-p, as values passed to the
+    compiled sampler."""
+    inverse = np.float32(1.0) / np.float32(self.temperature or 1.0)
+    return Knobs(inverse, np.float32(self.top_p))
+
+
+# `SamplingConfig.program`'s top-p when a nucleus is on: a marker; the top-p sampled with is
+# `Knobs.top_p`.
+PROGRAM_NUCLEUS = 0.5
 
 
 class Knobs(NamedTuple):
   """The sampling settings that are values of the compiled sampler, not part of its program."""
-  temperature: jax.Array  # [] float32; unused when greedy.
-  top_p: jax.Array  # [] float32; unused without a nucleus.
+  inverse_temperature: jax.typing.ArrayLike  # [] float32; 1 when greedy (unused).
+  top_p: jax.typing.ArrayLike  # [] float32; unused without a nucleus.
 
 
 class SampleOutput(NamedTuple):
@@ -87,11 +97,11 @@ class SampleOutput(NamedTuple):
 
 def truncate(logits: jax.Array, top_k: int, top_p: float | jax.Array) -> jax.Array:
   """Sets logits outside the top-k and outside the top-p nucleus to -inf (the top token survives).
-  A Python `top_p` of 1.0 or more skips the nucleus; an array `top_p` always computes it."""
+  A number `top_p` of 1.0 or more skips the nucleus; a traced `top_p` always computes it."""
   if top_k > 0:
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, _NEG_INF, logits)
-  if not isinstance(top_p, (int, float)) or top_p < 1.0:
+  if isinstance(top_p, jax.Array) or top_p < 1.0:
     sorted_logits = jnp.sort(logits, -1)[..., ::-1]
     probs = jax.nn.softmax(sorted_logits, -1)
     mass_before = jnp.cumsum(probs, -1) - probs
@@ -115,7 +125,7 @@ def _choose(logits: jax.Array, rng: jax.Array, knobs: Knobs,
     token = _argmax(logits)
     logp = jax.nn.log_softmax(logits)
   else:
-    scaled = logits / knobs.temperature
+    scaled = logits * knobs.inverse_temperature
     logp = jax.nn.log_softmax(scaled)
     # jax.random.categorical(rng, truncated), spelled out: the same Gumbel noise, a faster argmax.
     truncated = truncate(scaled, scfg.top_k, knobs.top_p if scfg.top_p < 1.0 else 1.0)
@@ -176,7 +186,7 @@ def sample(params, prompt_tokens: jax.Array, prompt_mask: jax.Array, rng: jax.Ar
   """Samples up to `scfg.max_new_tokens` tokens after left-padded prompts [B,P]; with `k` > 1, `k`
   samples of each prompt (rows [B*k], a prompt's samples adjacent). The prompts are prefilled once
   and their cache copied k times: the same samples as prefilling each repeated row, for 1/k of
-  the prefill. Compiled once per model, shapes and `scfg.program()`."""
+  the prefill. Compiled once per model, shapes, `k` and `scfg.program()`."""
   return _sample(params, prompt_tokens, prompt_mask, rng, scfg.knobs(), cfg=cfg,
                  scfg=scfg.program(), k=k)
 
