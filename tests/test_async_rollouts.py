@@ -92,9 +92,9 @@ def test_bad_old_policy_is_named(change, message):
 
 
 def test_a_resume_under_another_staleness_is_refused():
-  _, refused = loop.meta_differences({"async": {"max_staleness": 1}},
-                                     {"async": {"max_staleness": 2}})
-  assert refused == ["async.max_staleness: 1 -> 2"]
+  for old, new in ((1, 2), (2, 0), (0, 1)):  # Synchronous runs record theirs too.
+    _, refused = loop.meta_differences(placement.meta(old), placement.meta(new))
+    assert refused == [f"async.max_staleness: {old} -> {new}"]
 
 
 def test_checkpoint_extra_round_trips_and_may_be_absent(tmp_path):

@@ -128,7 +128,7 @@ def labeler(s: store_lib.Store, name: str) -> int:
 
 def seen(row) -> dict:
   """The pair and order an assignment's page showed: what every submission names."""
-  return {"item_id": row["id"], "swapped": bool(row["swapped"])}
+  return {"item_id": row["id"], "swapped": bool(row["swapped"]), "uid": row["uid"]}
 
 
 def finish(s, who, row, preference=0.0, submission=None):
@@ -256,8 +256,9 @@ def page_ids(html: str) -> tuple[str, str]:
 def shown(c, assignment) -> dict:
   """The pair and order the assignment's page shows (nothing when it is not this labeler's)."""
   html = c.get(f"/label/{assignment}").text
-  found = re.search(r'data-pair="(\d+)" data-swapped="(\d)"', html)
-  return {"pair": int(found.group(1)), "swapped": int(found.group(2))} if found else {}
+  found = re.search(r'data-pair="(\d+)" data-swapped="(\d)"\s+data-uid="([0-9a-f]+)"', html)
+  return ({"pair": int(found.group(1)), "swapped": int(found.group(2)), "uid": found.group(3)}
+          if found else {})
 
 
 def post_label(c, assignment, csrf, answers, submission="s", **headers):
@@ -604,6 +605,14 @@ def test_a_flagged_pair_is_held_for_the_admin_then_released_or_dropped(tmp_path)
   assert len(site.store.labels()) == 6 and uid not in {r["uid"] for r in site.store.labels()}
   assert site.store.progress()["dropped_pairs"] == 1 and "No open flags" in root.get(
       "/admin/flags").text
+  # A dropped pair stays dropped: flagging it again (from a label's page) is refused, and a
+  # release never brings it back (a flag an earlier version reopened on it, say).
+  response = bob.post(f"/label/{a}/flag", data={"csrf": c, "comment": "still offensive"})
+  assert response.status_code == 409 and "removed this pair" in response.text
+  with site.store.write() as db:
+    db.execute("UPDATE flags SET resolved = NULL WHERE item_id = ?", (int(item),))
+  site.store.resolve(int(item), "release")
+  assert site.store.progress()["dropped_pairs"] == 1 and len(site.store.labels()) == 6
 
 
 def test_admin_invites_and_revokes_labelers_from_the_web(tmp_path):

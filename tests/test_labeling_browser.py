@@ -778,16 +778,17 @@ def test_markup_in_the_data_is_text(tmp_path, browser, monkeypatch):
     site.stop()
 
 
-def _pending(driver, name: str):
+def _pending(driver, site, name: str, database: str | None = None):
+  """The label the browser keeps for `name` on the site's database (or another's)."""
   return driver.execute_script("return localStorage.getItem(arguments[0]);",
-                               f"rlhfjax-pending-label:{name}")
+                               f"rlhfjax-pending-label:{database or site.store.database}:{name}")
 
 
 def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monkeypatch):
   """Submitted once the session has expired: the label waits in the browser under its labeler's
-  name (another labeler's page neither sends nor drops it; a damaged or refused entry of their own
-  is dropped), and is stored once when its labeler signs in again, with the new session's CSRF
-  token."""
+  name and database (another labeler's page, or a page of another database served at the same
+  address, neither sends nor drops it; a damaged or refused entry of their own is dropped), and is
+  stored once when its labeler signs in again, with the new session's CSRF token."""
   site = SmallSite(str(tmp_path), [_pair(0), _pair(1)], {"ada": False, "bob": False},
                    monkeypatch)
   try:
@@ -800,7 +801,7 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     _keys(driver, Keys.ENTER)
     _wait(driver, lambda s: "Signed out" in (s["status"] or ""), "the signed-out notice", 5)
     _wait(driver, lambda s: s["path"] == "/login", "the sign-in page", 5)
-    kept = json.loads(_pending(driver, "ada"))
+    kept = json.loads(_pending(driver, site, "ada"))
     assert kept["assignment"] == first["assignment"] and kept["payload"]["answers"] == answers
     assert not site.labels.rows()
 
@@ -808,26 +809,34 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     # assignment), is dropped, the refusal said.
     _sign_in(driver, site.links["bob"])
     bob = _wait(driver, lambda s: s["assignment"], "Bob's page")
-    assert bob["status"] == "" and json.loads(_pending(driver, "ada")) == kept
-    driver.execute_script("localStorage.setItem('rlhfjax-pending-label:bob', '{damaged');")
+    assert bob["status"] == "" and json.loads(_pending(driver, site, "ada")) == kept
+    mine = f"rlhfjax-pending-label:{site.store.database}:bob"
+    driver.execute_script("localStorage.setItem(arguments[0], '{damaged');", mine)
     driver.refresh()
     bob = _wait(driver, lambda s: s["assignment"], "Bob's page again")
-    assert bob["status"] == "" and _pending(driver, "bob") is None
-    driver.execute_script("""
+    assert bob["status"] == "" and _pending(driver, site, "bob") is None
+    refused = """
       const csrf = document.getElementById('label-form').elements.csrf.value;
-      localStorage.setItem('rlhfjax-pending-label:bob', JSON.stringify({assignment: arguments[0],
-          payload: {csrf: csrf, submission: 'x', answers: arguments[1]}}));""",
-                          first["assignment"], answers)
+      localStorage.setItem(arguments[0], JSON.stringify({assignment: arguments[1],
+          payload: {csrf: csrf, submission: 'x', answers: arguments[2]}}));"""
+    # Bob's entry for another database (a pilot served here before) waits for that database.
+    driver.execute_script(refused, "rlhfjax-pending-label:0123456789abcdef:bob",
+                          bob["assignment"], answers)
+    driver.refresh()
+    bob = _wait(driver, lambda s: s["assignment"], "Bob's page beside another database's entry")
+    assert bob["status"] == "" and not site.labels.rows()
+    assert _pending(driver, site, "bob", "0123456789abcdef") is not None
+    driver.execute_script(refused, mine, first["assignment"], answers)
     driver.refresh()
     bob = _wait(driver, lambda s: "not kept" in (s["status"] or ""), "Bob's refused entry", 5)
-    assert "no such assignment" in bob["status"] and _pending(driver, "bob") is None
-    assert _pending(driver, "ada") is not None and not site.labels.rows()
+    assert "no such assignment" in bob["status"] and _pending(driver, site, "bob") is None
+    assert _pending(driver, site, "ada") is not None and not site.labels.rows()
 
     # Ada signs in again: her label goes, once, and her next pair comes.
     _sign_in(driver, site.link("ada"))
     state = _wait(driver, lambda s: s["done"] == "1" and s["assignment"] not in (
         None, first["assignment"]), "Ada's next pair after her kept label was sent")
-    assert _pending(driver, "ada") is None
+    assert _pending(driver, site, "ada") is None
     _check_label(site.labels, first["assignment"], answers)
     assert len(site.labels.rows()) == 1 and state["checked"] == {}
   finally:
@@ -971,7 +980,7 @@ def test_revoke_submit_reinvite_never_puts_a_label_on_another_pair(tmp_path, bro
       assert site.labels.assignment(first["assignment"])["item_id"] == seen["item_id"]
       assert bool(label["swapped"]) == swapped
       _check_label(site.labels, first["assignment"], answers)
-    assert _pending(driver, "ada") is None
+    assert _pending(driver, site, "ada") is None
   finally:
     site.stop()
 

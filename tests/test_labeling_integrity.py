@@ -88,6 +88,31 @@ def test_the_store_refuses_a_label_for_another_pair_or_order(tmp_path):
                   **seen(row)) == "saved"
 
 
+def test_a_label_for_another_databases_pair_of_the_same_id_is_refused(tmp_path):
+  """Two databases served one after another at one address number their pairs and assignments
+  alike: a label a browser kept for the first names its pair's uid (a hash of its texts), so the
+  second refuses it even where the pair's id, the order and the assignment's id all match. Each
+  database has an id of its own, kept across openings, that the page keys what it keeps with."""
+  first, second = make(tmp_path / "pilot"), store_lib.Store(
+      str(tmp_path / "round" / "labels.db"), store_lib.Settings(k=2, gold_every=0))
+  second.add_items([pair(10 + i) for i in range(3)])
+  ada_first, ada_second = labeler(first, "ada"), labeler(second, "ada")
+  kept, row = first.next_assignment(ada_first), second.next_assignment(ada_second)
+  with second.write() as db:  # The same order as the first database's, whatever was drawn.
+    db.execute("UPDATE assignments SET swapped = ? WHERE id = ?",
+               (kept["swapped"], row["assignment_id"]))
+  assert (kept["assignment_id"], kept["id"]) == (row["assignment_id"], row["id"])
+  assert kept["uid"] != row["uid"]
+  with pytest.raises(store_lib.Mismatch, match="other texts"):
+    second.submit(ada_second, row["assignment_id"], 1.0, {"extra": {}}, {}, "x", None,
+                  **seen(kept))
+  assert second.labels() == []
+  assert first.database != second.database and len(first.database) == 16
+  path = first.path
+  first.close()
+  assert store_lib.Store(path, store_lib.Settings(k=2, gold_every=0)).database == first.database
+
+
 class Site:
   def __init__(self, tmp_path, k=2):
     self.store = make(tmp_path, k=k)
@@ -114,6 +139,9 @@ def test_the_site_refuses_an_answer_naming_another_pair_with_a_message(tmp_path)
     response = ada.post(f"/label/{assignment}", json=body(csrf, stiennon_answers(2), wrong))
     assert response.status_code == 409
     assert f"assignment {assignment} is pair {mine['pair']}" in response.json()["error"]
+  response = ada.post(f"/label/{assignment}",
+                      json=body(csrf, stiennon_answers(2), {**mine, "uid": "0" * 24}))
+  assert response.status_code == 409 and "other texts" in response.json()["error"]
   response = ada.post(f"/label/{assignment}", json=body(csrf, stiennon_answers(2), {}))
   assert response.status_code == 400 and "which pair" in response.json()["error"]
   assert site.store.labels() == []

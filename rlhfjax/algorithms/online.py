@@ -374,8 +374,9 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
       jax.random.fold_in(jax.random.key(config.seed), rng_streams.ONLINE))
 
   staleness = placement.check_staleness(config.rollout)
-  if staleness:  # Resuming under another staleness would train on other batches.
-    meta = {**meta, "async": {"max_staleness": staleness}}
+  # Resuming under another staleness would train on other batches (or drop those sampled ahead):
+  # stored at 0 too, so that a resume from or to a synchronous run is refused as well.
+  meta = {**meta, **placement.meta(staleness)}
   metrics_lib.info(placement.describe(np.asarray(exp.parallel.mesh.devices).reshape(-1),
                                       exp.sampler_devices, staleness))
   task_dir = exp.task_dir(task)

@@ -9,8 +9,10 @@ id already applied to an assignment is acknowledged again and changes nothing (a
 undo a later revision), a new one from the same labeler revises the label. A label can never land
 on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite never hands an id out
 twice, even after its row is deleted, so a label sent late to id N cannot reach a later
-assignment), and a submission names the pair and the left/right order it was given on, which must
-be the assignment's.
+assignment), and a submission names the pair (its id and its uid, a hash of its prompt and
+responses, so a label kept by a browser for another database's pair of the same id is refused too)
+and the left/right order it was given on, which must be the assignment's. Each database has a
+random id of its own (`database`), with which the page keys what the browser keeps.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
 than they want (k, more once an admin sent them back) and not held by a flag, so picking the next
@@ -213,6 +215,9 @@ class Store:
     self._queued = f"{self._open} AND held = 0"  # Open and not held by a flag: the index's literal.
     self._index = f"items_wanted_{k}"
     db.execute(f"CREATE INDEX IF NOT EXISTS {self._index} ON items (position) WHERE {self._queued}")
+    # This database's own id (made once; two processes opening a new file keep the first).
+    db.execute("INSERT OR IGNORE INTO meta VALUES ('database', ?)", (secrets.token_hex(8),))
+    self.database = self.meta("database")
     for old in (f"items_open_{k}", f"items_queued_{k}"):  # Earlier versions' (no held, no extra).
       db.execute(f"DROP INDEX IF EXISTS {old}")
 
@@ -445,14 +450,17 @@ class Store:
 
   def submit(self, labeler_id: int, assignment_id: int, preference: float,
              answers: dict[str, Any], shown: dict[str, str], submission: str,
-             seconds: float | None, *, item_id: int, swapped: bool) -> str:
+             seconds: float | None, *, item_id: int, swapped: bool,
+             uid: str | None = None) -> str:
     """Stores the label of one of the labeler's assignments; returns 'saved', 'revised' or
-    'repeated' (this submission id was stored already). `item_id` and `swapped` say which pair,
-    in which order, the labeler answered: a label is stored only on that pair in that order
-    (Mismatch otherwise), whatever assignment id it was sent to."""
+    'repeated' (this submission id was stored already). `item_id`, `uid` (None: a page of an
+    earlier version, which did not send it) and `swapped` say which pair, in which order, the
+    labeler answered: a label is stored only on that pair in that order (Mismatch otherwise),
+    whatever assignment id it was sent to."""
     now = time.time()
     with self.write() as db:
-      row = db.execute("SELECT labeler_id, item_id, swapped FROM assignments WHERE id = ?",
+      row = db.execute("SELECT a.labeler_id, a.item_id, a.swapped, i.uid FROM assignments a "
+                       "JOIN items i ON i.id = a.item_id WHERE a.id = ?",
                        (assignment_id,)).fetchone()
       if row is None or row["labeler_id"] != labeler_id:
         raise NotFound(f"no assignment {assignment_id} for this labeler")
@@ -461,6 +469,10 @@ class Store:
         raise Mismatch(f"this answer was given on pair {item_id} shown with {order(swapped)}, "
                        f"but assignment {assignment_id} is pair {row['item_id']} shown with "
                        f"{order(row['swapped'])}: not stored")
+      if uid is not None and uid != row["uid"]:
+        raise Mismatch(f"this answer was given on a pair {item_id} with other texts (uid "
+                       f"{uid[:24]!r}, from another labeling database?) than assignment "
+                       f"{assignment_id}'s (uid {row['uid']!r}): not stored")
       if db.execute("INSERT OR IGNORE INTO submissions VALUES (?, ?)",
                     (assignment_id, submission)).rowcount == 0:
         return "repeated"
@@ -492,10 +504,13 @@ class Store:
     same pair again replaces the comment."""
     now = time.time()
     with self.write() as db:
-      row = db.execute("SELECT item_id, done FROM assignments WHERE id = ? AND labeler_id = ?",
+      row = db.execute("SELECT a.item_id, a.done, i.held FROM assignments a JOIN items i ON "
+                       "i.id = a.item_id WHERE a.id = ? AND a.labeler_id = ?",
                        (assignment_id, labeler_id)).fetchone()
       if row is None:
         raise NotFound(f"no assignment {assignment_id} for this labeler")
+      if row["held"] == DROPPED:  # A flag would bring it back to the admin's list, and release.
+        raise Refused("an admin has removed this pair already: nothing to flag")
       if row["done"] is None:
         db.execute("UPDATE assignments SET skipped = ?, lease_expires = 0 WHERE id = ?",
                    (now, assignment_id))
@@ -517,15 +532,18 @@ class Store:
 
   def resolve(self, item_id: int, action: str) -> None:
     """Resolves every open flag of a pair: `release` returns it to the queue, `drop` removes it
-    (never served again, its labels left out of exports and reports)."""
+    (never served again, its labels left out of exports and reports; no later release brings it
+    back)."""
     if action not in ("release", "drop"):
       raise Refused(f"unknown action {action!r} (release or drop)")
     with self.write() as db:
       if db.execute("UPDATE flags SET resolved = ?, resolution = ? WHERE item_id = ? AND "
                     "resolved IS NULL", (time.time(), action, item_id)).rowcount == 0:
         raise Refused(f"pair {item_id} has no open flag")
-      db.execute("UPDATE items SET held = ? WHERE id = ?",
-                 (0 if action == "release" else DROPPED, item_id))
+      if action == "release":
+        db.execute("UPDATE items SET held = 0 WHERE id = ? AND held = ?", (item_id, HELD))
+      else:
+        db.execute("UPDATE items SET held = ? WHERE id = ?", (DROPPED, item_id))
 
   # Work out.
 

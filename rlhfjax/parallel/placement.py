@@ -74,6 +74,12 @@ def check_staleness(block: Mapping[str, Any]) -> int:
   return k
 
 
+def meta(staleness: int) -> dict[str, dict[str, int]]:
+  """What a checkpoint records of the staleness, so that a resume under another is refused. (A
+  checkpoint of an earlier version has no such block, and is not compared.)"""
+  return {"async": {"max_staleness": int(staleness)}}
+
+
 def describe(trainer: Sequence[jax.Device], sampler: Sequence[jax.Device], staleness: int) -> str:
   """One line: how the devices are divided, and how stale a batch may be."""
   where = (f"the sampler on {len(sampler)} device(s), the trainer on {len(trainer)}" if sampler

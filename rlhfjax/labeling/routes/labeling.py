@@ -49,7 +49,8 @@ async def _label_page(site: Site, who: sqlite3.Row, row: sqlite3.Row, status: in
   return site.page("label.html", status, who=who, row=row, left=marked_left, right=marked_right,
                    chosen=chosen, progress=await in_thread(site.store.my_progress, who["id"]),
                    csrf=who["csrf"], last=await in_thread(site.store.last_label, who["id"]),
-                   max_comment=MAX_COMMENT, notice=notice, goal=site.goal)
+                   max_comment=MAX_COMMENT, notice=notice, goal=site.goal,
+                   database=site.store.database)
 
 
 async def _own(site: Site, who: sqlite3.Row, assignment_id: int) -> sqlite3.Row:
@@ -96,12 +97,15 @@ async def submit(site: Site, request: Request) -> Response:
   row = await _own(site, who, request.path_params["assignment"])
   answers = body.get("answers") if as_json else {
       k: v for k, v in body.items() if k not in ("csrf", "submission", "seconds", "pair",
-                                                 "swapped")}
+                                                 "swapped", "uid")}
   try:  # What the labeler saw: the pair and its order, which the store checks.
     item_id, swapped = int(body["pair"]), {"0": False, "1": True}[str(int(body["swapped"]))]
   except (KeyError, TypeError, ValueError):
     return JSONResponse({"error": "the answer does not say which pair and order it was given "
                                   "on (pair, swapped): reload the page and answer again"}, 400)
+  uid = body.get("uid")  # The pair's texts' hash: absent from pages of earlier versions.
+  if uid is not None and not isinstance(uid, str):
+    return JSONResponse({"error": "uid must be a string"}, 400)
   if not isinstance(answers, dict) or not all(isinstance(v, str) for v in answers.values()):
     return JSONResponse({"error": "answers must map questions to option values"}, 400)
   submission = str(body.get("submission") or secrets.token_hex(8))[:64]
@@ -119,7 +123,7 @@ async def submit(site: Site, request: Request) -> Response:
   try:
     status = await in_thread(site.store.submit, who["id"], row["assignment_id"], label.preference,
                              stored, answers, submission, seconds, item_id=item_id,
-                             swapped=swapped)
+                             swapped=swapped, uid=uid)
   except store_lib.Mismatch as e:
     log.warning("label refused: %s sent assignment %d an answer for another pair (%s)",
                 who["name"], row["assignment_id"], e)
@@ -150,6 +154,8 @@ async def flag(site: Site, request: Request) -> Response:
                     comment[:MAX_COMMENT])
   except store_lib.NotFound:
     raise HTTPException(404, "no such assignment") from None
+  except store_lib.Refused as e:
+    raise HTTPException(409, str(e)) from None
   log.info("flag: %s flagged assignment %d: %s", who["name"], request.path_params["assignment"],
            comment[:LOG_COMMENT] + ("…" if len(comment) > LOG_COMMENT else ""))
   return RedirectResponse("/?did=flagged", 303)

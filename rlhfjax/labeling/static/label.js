@@ -3,18 +3,22 @@
 // again after a reload, with the same id, so the server stores it once. It is thrown away only
 // when the server refuses the answer itself (invalid, or not this labeler's assignment): a
 // refusal about the session (signed out, or a CSRF token from before signing in again) keeps it.
-// Each submission names the pair and the left/right order it was given on, so the server stores it
-// on that pair in that order or refuses it, whatever happened to the assignment meanwhile.
+// Each submission names the pair (its id and its texts' hash, uid) and the left/right order it was
+// given on, so the server stores it on that pair in that order or refuses it, whatever happened to
+// the assignment meanwhile. What the browser keeps is keyed by the labeling database's own id as
+// well as the labeler: databases served one after another at the same address (a pilot, then the
+// real round) each get their own, sent only to that database.
 // Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, for this
 // assignment, pair and order only.
 (function () {
   "use strict";
   const form = document.getElementById("label-form");
   if (!form) return;
-  const PENDING = `rlhfjax-pending-label:${form.dataset.labeler || ""}`;
-  const DRAFT = `rlhfjax-draft:${form.dataset.labeler || ""}`;
+  const owner = `${form.dataset.database || ""}:${form.dataset.labeler || ""}`;
+  const PENDING = `rlhfjax-pending-label:${owner}`;
+  const DRAFT = `rlhfjax-draft:${owner}`;
   const here = {assignment: form.dataset.assignment, pair: Number(form.dataset.pair),
-                swapped: Number(form.dataset.swapped)};
+                swapped: Number(form.dataset.swapped), uid: form.dataset.uid};
   const RETRY = new Set([408, 425, 429]);  // Refusals that may pass later; 5xx too.
   const SIGN_IN_DELAY_MS = 1500;  // Long enough to read why the page goes to the sign-in form.
   const questions = Array.from(form.querySelectorAll("fieldset.question"));
@@ -104,7 +108,7 @@
   function restoreDraft() {
     const draft = readDraft();
     if (!draft || draft.assignment !== here.assignment || draft.pair !== here.pair ||
-        draft.swapped !== here.swapped) return false;
+        draft.swapped !== here.swapped || draft.uid !== here.uid) return false;
     let restored = false;
     questions.forEach((q) => {
       const value = draft.answers[q.dataset.field];
@@ -223,7 +227,7 @@
     }
     const pending = {assignment: here.assignment, payload: {
       csrf: csrfNow(), submission: newId(), answers: checkedAnswers(), pair: here.pair,
-      swapped: here.swapped, seconds: (performance.now() - started) / 1000}};
+      uid: here.uid, swapped: here.swapped, seconds: (performance.now() - started) / 1000}};
     keep(pending);
     deliver(pending);
   }
