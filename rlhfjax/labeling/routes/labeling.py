@@ -128,6 +128,8 @@ async def submit(site: Site, request: Request) -> Response:
     log.warning("label refused: %s sent assignment %d an answer for another pair (%s)",
                 who["name"], row["assignment_id"], e)
     return JSONResponse({"error": str(e)}, 409)
+  except store_lib.NotFound:  # Given back (its lease ran out and others filled its pair) just now.
+    return JSONResponse({"error": "no such assignment"}, 404)
   if not as_json:
     return RedirectResponse("/?did=saved", 303)
   return JSONResponse({"status": status, "assignment": row["assignment_id"],

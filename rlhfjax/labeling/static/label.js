@@ -75,6 +75,15 @@
 
   function keep(pending) { store(PENDING, pending); }
 
+  // Forgets the kept submission, if it is this one: another tab of the same labeler may have
+  // kept its own since (the slot holds one), which must stay until that tab has sent it.
+  function forget(pending) {
+    const entry = waiting();
+    if (entry && entry.payload.submission === pending.payload.submission) {
+      localStorage.removeItem(PENDING);
+    }
+  }
+
   function checkedAnswers() {
     const answers = {};
     questions.forEach((q) => {
@@ -169,7 +178,7 @@
         const reason = (body && typeof body.error === "string" && body.error) ||
                        `HTTP ${response.status}`;
         if (response.ok) {
-          localStorage.removeItem(PENDING);
+          forget(pending);
           if (pending.assignment === here.assignment) dropDraft();
           if (body.progress) showProgress(body.progress);
           say("Saved.", "saved");
@@ -203,7 +212,7 @@
         if (response.status < 500 && !RETRY.has(response.status)) {
           // The answer itself is refused (invalid, or not this labeler's assignment): sending it
           // again cannot help.
-          localStorage.removeItem(PENDING);
+          forget(pending);
           say(`Not saved, and not kept: ${reason}` +
               (pending.assignment === form.dataset.assignment ? "" :
                ` (an earlier label, for pair ${pending.assignment})`), "failed");
