@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 
 import chaos  # tests/chaos.py
@@ -22,6 +23,7 @@ from rlhfjax.errors import ConfigError
 from rlhfjax.parallel import placement
 from rlhfjax.training import checkpoint
 from rlhfjax.training import loop
+from rlhfjax.training.state import TrainState
 
 CONFIG = "configs/tldr_sim.py:tiny"
 # GRPO's tiny block samples 2 prompts an iteration; 4 do divide over 4 trainer devices.
@@ -95,6 +97,22 @@ def test_a_resume_under_another_staleness_is_refused():
   for old, new in ((1, 2), (2, 0), (0, 1)):  # Synchronous runs record theirs too.
     _, refused = loop.meta_differences(placement.meta(old), placement.meta(new))
     assert refused == [f"async.max_staleness: {old} -> {new}"]
+
+
+def test_a_checkpoint_whose_batches_in_flight_are_damaged_is_moved_aside(tmp_path):
+  """The state of the latest checkpoint reads, its batches sampled ahead do not: the relaunch
+  falls back to the checkpoint before, with that one's batches, as for a damaged state."""
+  ckpt = checkpoint.Checkpointer(str(tmp_path), every=1)
+  fresh = TrainState.create({"w": jnp.zeros(2)}, optax.sgd(0.1))
+  for step in (1, 2):
+    ckpt.save(step, fresh.replace(step=jnp.asarray(step)), {},
+              {str(step + 1): {"version": np.int64(step), "idx": np.arange(2)}})
+  ckpt.wait()
+  for root, _, files in os.walk(os.path.join(str(tmp_path), "2", "extra")):
+    for name in files:
+      open(os.path.join(root, name), "wb").close()  # Truncated, as by a full disk.
+  state, extra = loop.restore_with_extra(ckpt, fresh)
+  assert int(state.step) == 1 and list(extra) == ["2"] and ckpt.all_steps() == [1]
 
 
 def test_checkpoint_extra_round_trips_and_may_be_absent(tmp_path):

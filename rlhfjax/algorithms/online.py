@@ -383,13 +383,13 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  state = loop.restore_if_any(ckpt, state, meta)
+  state, saved = loop.restore_with_extra(ckpt, state, meta, extra=bool(staleness))
   start = int(state.step)
   timing = {"generate": 0.0, "total": 0.0, "episodes": 0}
   # Batches sampled ahead of the iteration that trains on them (rollout.max_staleness > 0), by
   # that iteration: (the policy version that sampled them, their prompts' indices, the batch).
   # Checkpointed with the state, so a resumed run trains on the very batches it would have.
-  ahead = _restore_ahead(exp, ckpt, start) if staleness and start else {}
+  ahead = _restore_ahead(exp, saved) if staleness and start else {}
 
   def keys(step):
     """(sampling, update) keys of iteration `step`."""
@@ -540,9 +540,9 @@ def _ahead_to_save(ahead: dict) -> dict | None:
           for s, (v, idx, batch) in ahead.items()} or None
 
 
-def _restore_ahead(exp: experiment.Experiment, ckpt: checkpoint.Checkpointer, step: int) -> dict:
-  """The batches sampled ahead that checkpoint `step` holds, back on the trainer's devices."""
-  saved = ckpt.restore_extra(step) or {}
+def _restore_ahead(exp: experiment.Experiment, saved: Any) -> dict:
+  """The batches sampled ahead that a restored checkpoint held (`saved`: its extra tree, or None),
+  back on the trainer's devices."""
   return {int(s): (int(v["version"]), np.asarray(v["idx"]),
                    exp.parallel.put(dict(v["batch"]), exp.parallel.batch))
-          for s, v in saved.items()}
+          for s, v in (saved or {}).items()}

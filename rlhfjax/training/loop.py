@@ -51,11 +51,20 @@ def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None 
   (truncated or damaged after it was written) is reported with its path, moved aside and the one
   before it tried, down to starting afresh; the steps after it are then trained again.
   """
+  return restore_with_extra(ckpt, state, meta, extra=False)[0]
+
+
+def restore_with_extra(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None = None,
+                       extra: bool = True) -> tuple[Any, Any]:
+  """`restore_if_any`, and the `extra` tree the restored checkpoint holds (None when it holds none,
+  or when nothing was restored): read in the same attempt, so a checkpoint whose extra is damaged
+  is moved aside like one whose state is, and the one before it tried."""
   for step in reversed(ckpt.all_steps()):
     try:
       stored = ckpt.restore_meta(step)
       _check_meta(ckpt, stored, meta or {})
-      state, _ = ckpt.restore(state, step)
+      restored, _ = ckpt.restore(state, step)
+      held = ckpt.restore_extra(step) if extra else None
     except ConfigError:
       raise
     except Exception as e:  # Orbax and TensorStore raise many kinds, some plain Exception.
@@ -64,9 +73,9 @@ def restore_if_any(ckpt: checkpoint.Checkpointer, state: Any, meta: dict | None 
       metrics_lib.info(f"checkpoint {ckpt.path(step)} is unreadable ({type(e).__name__}: "
                        f"{reason}); moved it to {moved} and trying the one before")
       continue
-    metrics_lib.info(f"resuming from step {int(state.step)} ({ckpt.directory})")
-    return state
-  return state
+    metrics_lib.info(f"resuming from step {int(restored.step)} ({ckpt.directory})")
+    return restored, held
+  return state, None
 
 
 def _check_meta(ckpt: checkpoint.Checkpointer, stored: dict, meta: dict) -> None:
