@@ -113,6 +113,26 @@ def test_a_label_for_another_databases_pair_of_the_same_id_is_refused(tmp_path):
   assert store_lib.Store(path, store_lib.Settings(k=2, gold_every=0)).database == first.database
 
 
+def test_an_answer_from_a_page_drawn_before_the_label_changed_is_refused(tmp_path):
+  """Two tabs show one open pair; both answers wait while the server is down, and the newer
+  arrives first: the older names the label its page showed (none) and is refused, not stored over
+  the newer. A page drawn after (the label's edit page) revises it; a retry is acknowledged."""
+  s = make(tmp_path)
+  ada = labeler(s, "ada")
+  row = s.next_assignment(ada)
+  send = lambda preference, submission, base: s.submit(
+      ada, row["assignment_id"], preference, {"extra": {}}, {}, submission, None, base=base,
+      **seen(row))
+  assert send(1.0, "newer", "") == "saved"
+  with pytest.raises(store_lib.Stale, match="changed from another page"):
+    send(0.0, "older", "")
+  assert [r["preference"] for r in s.labels()] == [1.0]
+  assert send(1.0, "newer", "") == "repeated"
+  assert s.assignment(ada, row["assignment_id"])["submission"] == "newer"
+  assert send(0.0, "edited", "newer") == "revised"
+  assert [r["preference"] for r in s.labels()] == [0.0]
+
+
 class Site:
   def __init__(self, tmp_path, k=2):
     self.store = make(tmp_path, k=k)
@@ -142,6 +162,9 @@ def test_the_site_refuses_an_answer_naming_another_pair_with_a_message(tmp_path)
   response = ada.post(f"/label/{assignment}",
                       json=body(csrf, stiennon_answers(2), {**mine, "uid": "0" * 24}))
   assert response.status_code == 409 and "other texts" in response.json()["error"]
+  response = ada.post(f"/label/{assignment}",
+                      json=body(csrf, stiennon_answers(2), {**mine, "base": "not-shown"}))
+  assert response.status_code == 409 and "changed from another page" in response.json()["error"]
   response = ada.post(f"/label/{assignment}", json=body(csrf, stiennon_answers(2), {}))
   assert response.status_code == 400 and "which pair" in response.json()["error"]
   assert site.store.labels() == []

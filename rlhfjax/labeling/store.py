@@ -6,7 +6,10 @@ their own, which keeps the slowest waits short) committed with `synchronous=FULL
 answers: a label the page was told is saved survives a SIGKILL or a power cut. A label belongs to
 exactly one assignment (its primary key), so a retried submission cannot duplicate it; a submission
 id already applied to an assignment is acknowledged again and changes nothing (an old retry cannot
-undo a later revision), a new one from the same labeler revises the label. A label can never land
+undo a later revision), a new one from the same labeler revises the label, if it names the label it
+revises (`base`: the one its page showed, or none): an answer from a page drawn before the label
+last changed (another tab's, both retrying while the server was down) is refused (Stale), never
+stored over the newer one. A label can never land
 on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite never hands an id out
 twice, even after its row is deleted, so a label sent late to id N cannot reach a later
 assignment), and a submission names the pair (its id and its uid, a hash of its prompt and
@@ -171,6 +174,10 @@ class NotFound(LookupError):
 
 class Refused(ValueError):
   """An admin action that cannot be done (its message says why)."""
+
+
+class Stale(ValueError):
+  """A revision made on a page drawn before the label last changed."""
 
 
 class Mismatch(ValueError):
@@ -451,12 +458,14 @@ class Store:
   def submit(self, labeler_id: int, assignment_id: int, preference: float,
              answers: dict[str, Any], shown: dict[str, str], submission: str,
              seconds: float | None, *, item_id: int, swapped: bool,
-             uid: str | None = None) -> str:
+             uid: str | None = None, base: str | None = None) -> str:
     """Stores the label of one of the labeler's assignments; returns 'saved', 'revised' or
     'repeated' (this submission id was stored already). `item_id`, `uid` (None: a page of an
     earlier version, which did not send it) and `swapped` say which pair, in which order, the
     labeler answered: a label is stored only on that pair in that order (Mismatch otherwise),
-    whatever assignment id it was sent to."""
+    whatever assignment id it was sent to. `base` is the submission id of the label the answer's
+    page showed ('' for none; None: not said, as by pages of earlier versions): a label that has
+    changed since is not replaced (Stale)."""
     now = time.time()
     with self.write() as db:
       row = db.execute("SELECT a.labeler_id, a.item_id, a.swapped, i.uid FROM assignments a "
@@ -476,7 +485,11 @@ class Store:
       if db.execute("INSERT OR IGNORE INTO submissions VALUES (?, ?)",
                     (assignment_id, submission)).rowcount == 0:
         return "repeated"
-      old = db.execute("SELECT 1 FROM labels WHERE assignment_id = ?", (assignment_id,)).fetchone()
+      old = db.execute("SELECT submission FROM labels WHERE assignment_id = ?",
+                       (assignment_id,)).fetchone()
+      if base is not None and (old["submission"] if old else "") != base:
+        raise Stale("this pair's label was changed from another page after this one was shown: "
+                    "not stored (reload to see the label kept)")
       values = (preference, json.dumps(answers, sort_keys=True), json.dumps(shown, sort_keys=True))
       if old is not None:
         db.execute("UPDATE labels SET preference = ?, answers = ?, shown = ?, submission = ?, "

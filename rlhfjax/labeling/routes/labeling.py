@@ -97,15 +97,16 @@ async def submit(site: Site, request: Request) -> Response:
   row = await _own(site, who, request.path_params["assignment"])
   answers = body.get("answers") if as_json else {
       k: v for k, v in body.items() if k not in ("csrf", "submission", "seconds", "pair",
-                                                 "swapped", "uid")}
+                                                 "swapped", "uid", "base")}
   try:  # What the labeler saw: the pair and its order, which the store checks.
     item_id, swapped = int(body["pair"]), {"0": False, "1": True}[str(int(body["swapped"]))]
   except (KeyError, TypeError, ValueError):
     return JSONResponse({"error": "the answer does not say which pair and order it was given "
                                   "on (pair, swapped): reload the page and answer again"}, 400)
-  uid = body.get("uid")  # The pair's texts' hash: absent from pages of earlier versions.
-  if uid is not None and not isinstance(uid, str):
-    return JSONResponse({"error": "uid must be a string"}, 400)
+  # The pair's texts' hash, and the label the page showed: absent from pages of earlier versions.
+  uid, base = body.get("uid"), body.get("base")
+  if any(v is not None and not isinstance(v, str) for v in (uid, base)):
+    return JSONResponse({"error": "uid and base must be strings"}, 400)
   if not isinstance(answers, dict) or not all(isinstance(v, str) for v in answers.values()):
     return JSONResponse({"error": "answers must map questions to option values"}, 400)
   submission = str(body.get("submission") or secrets.token_hex(8))[:64]
@@ -123,10 +124,12 @@ async def submit(site: Site, request: Request) -> Response:
   try:
     status = await in_thread(site.store.submit, who["id"], row["assignment_id"], label.preference,
                              stored, answers, submission, seconds, item_id=item_id,
-                             swapped=swapped, uid=uid)
+                             swapped=swapped, uid=uid, base=base)
   except store_lib.Mismatch as e:
     log.warning("label refused: %s sent assignment %d an answer for another pair (%s)",
                 who["name"], row["assignment_id"], e)
+    return JSONResponse({"error": str(e)}, 409)
+  except store_lib.Stale as e:
     return JSONResponse({"error": str(e)}, 409)
   except store_lib.NotFound:  # Given back (its lease ran out and others filled its pair) just now.
     return JSONResponse({"error": "no such assignment"}, 404)

@@ -5,7 +5,8 @@
 // refusal about the session (signed out, or a CSRF token from before signing in again) keeps it.
 // Each submission names the pair (its id and its texts' hash, uid) and the left/right order it was
 // given on, so the server stores it on that pair in that order or refuses it, whatever happened to
-// the assignment meanwhile. What the browser keeps is keyed by the labeling database's own id as
+// the assignment meanwhile, and the label its page showed (base), so that a page drawn before the
+// label last changed (another tab's) cannot replace it. What the browser keeps is keyed by the labeling database's own id as
 // well as the labeler: databases served one after another at the same address (a pilot, then the
 // real round) each get their own, sent only to that database.
 // Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, for this
@@ -236,7 +237,8 @@
     }
     const pending = {assignment: here.assignment, payload: {
       csrf: csrfNow(), submission: newId(), answers: checkedAnswers(), pair: here.pair,
-      uid: here.uid, swapped: here.swapped, seconds: (performance.now() - started) / 1000}};
+      uid: here.uid, base: form.dataset.base, swapped: here.swapped,
+      seconds: (performance.now() - started) / 1000}};
     keep(pending);
     deliver(pending);
   }
