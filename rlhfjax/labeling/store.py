@@ -9,13 +9,14 @@ id already applied to an assignment is acknowledged again and changes nothing (a
 undo a later revision), a new one from the same labeler revises the label, if it names the label it
 revises (`base`: the one its page showed, or none): an answer from a page drawn before the label
 last changed (another tab's, both retrying while the server was down) is refused (Stale), never
-stored over the newer one. A label can never land
-on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite never hands an id out
-twice, even after its row is deleted, so a label sent late to id N cannot reach a later
-assignment), and a submission names the pair (its id and its uid, a hash of its prompt and
-responses, so a label kept by a browser for another database's pair of the same id is refused too)
-and the left/right order it was given on, which must be the assignment's. Each database has a
-random id of its own (`database`), with which the page keys what the browser keeps.
+stored over the newer one.
+
+A label can never land on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite
+never hands an id out twice, even after its row is deleted, so a label sent late to id N cannot
+reach a later assignment), and a submission names the pair (its id and its uid, a hash of its
+prompt and responses, so a label kept by a browser for another database's pair of the same id is
+refused too) and the left/right order it was given on, which must be the assignment's. Each
+database has a random id of its own (`database`), with which the page keys what the browser keeps.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer
 than they want (k, more once an admin sent them back) and not held by a flag, so picking the next
