@@ -81,9 +81,9 @@ def test_one_compile_serves_every_temperature_and_top_p():
   # A step's log-probs are, bit for bit, those of the temperature compiled in as a constant (what
   # the trainer's forward pass computes, and the sampler did before the temperature was a value).
   logits = jax.random.normal(jax.random.key(1), (8, 64)) * 4
+  choose = jax.jit(sampling._choose, static_argnums=3)  # pylint: disable=protected-access
   for temperature in (0.7, 1.3, 0.33):
     scfg = dataclasses.replace(base, temperature=temperature)
-    choose = jax.jit(sampling._choose, static_argnums=3)  # pylint: disable=protected-access
     token, logp = choose(logits, jax.random.key(2), scfg.knobs(), scfg.program())
     constant = jax.jit(lambda x, t=temperature: jax.nn.log_softmax(x / t))(logits)
     np.testing.assert_array_equal(logp, np.take_along_axis(np.asarray(constant),

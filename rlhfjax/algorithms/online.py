@@ -389,7 +389,7 @@ def train(exp: experiment.Experiment, task: str, state: Any, step_fn: Step, ref_
   # Batches sampled ahead of the iteration that trains on them (rollout.max_staleness > 0), by
   # that iteration: (the policy version that sampled them, their prompts' indices, the batch).
   # Checkpointed with the state, so a resumed run trains on the very batches it would have.
-  ahead = _restore_ahead(exp, saved) if staleness and start else {}
+  ahead = _restore_ahead(exp, saved)
 
   def keys(step):
     """(sampling, update) keys of iteration `step`."""
