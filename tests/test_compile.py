@@ -33,6 +33,20 @@ pytestmark = pytest.mark.filterwarnings(
 needs_libtpu = pytest.mark.skipif(not tpu.has_libtpu(), reason="needs pip install -e '.[tpu]'")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def low_effort():
+  """This file's TPU compiles at XLA's lowest effort for execution time: a third less CPU time each
+  (docs/research/performance_sessions.md). XLA partitions a step the same way at either effort
+  (every step of `reports` has the same collectives, in number and bytes) but schedules it with
+  less care for memory, so its temporaries differ (a tiny step's per-chip bytes by up to 3 MiB
+  either way). These tests check fit, collectives, FLOPs and arguments, none a step's compiled
+  bytes; task=compile compiles at XLA's default effort, and so does test_compile_async.py, whose
+  push must stay bound by its ICI bytes."""
+  jax.config.update("jax_exec_time_optimization_effort", -1.0)
+  yield
+  jax.config.update("jax_exec_time_optimization_effort", 0.0)
+
+
 # Every step but the critic-free updates, which test_critic_free_updates_compile compiles once.
 CORE_STEPS = tuple(s for s in compile_task.STEPS
                    if s.removesuffix("_update") not in compile_task.CRITIC_FREE)
