@@ -103,10 +103,11 @@ def tiny_pipeline(tmp_path_factory):
 # --no-loadscope-reorder`); starting these first keeps one of them from running alone at the end
 # while the other worker has nothing left to do.
 _LONGEST_FIRST = ("test_compile.py", "test_multiprocess.py", "test_family_pipelines.py",
-                  "test_parallel.py", "test_notebooks.py", "test_methods_pipeline.py",
-                  "test_async_rollouts.py", "test_chaos.py", "test_labeling_browser.py",
-                  "test_pretrained.py", "test_reward_functions.py", "test_reward_model.py",
-                  "test_attention.py", "test_cli.py", "test_trl_methods.py", "test_sft.py")
+                  "test_parallel.py", "test_methods_pipeline.py", "test_async_rollouts.py",
+                  "test_chaos.py", "test_pretrained.py", "test_labeling_browser.py",
+                  "test_notebooks.py", "test_trl_methods.py", "test_cli.py",
+                  "test_reward_functions.py", "test_reward_model.py", "test_attention.py",
+                  "test_sft.py")
 
 
 def pytest_collection_modifyitems(items):

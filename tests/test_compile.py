@@ -42,9 +42,10 @@ def low_effort():
   either way). These tests check fit, collectives, FLOPs and arguments, none a step's compiled
   bytes; task=compile compiles at XLA's default effort, and so does test_compile_async.py, whose
   push must stay bound by its ICI bytes."""
+  before = jax.config.jax_exec_time_optimization_effort
   jax.config.update("jax_exec_time_optimization_effort", -1.0)
   yield
-  jax.config.update("jax_exec_time_optimization_effort", 0.0)
+  jax.config.update("jax_exec_time_optimization_effort", before)
 
 
 # Every step but the critic-free updates, which test_critic_free_updates_compile compiles once.
