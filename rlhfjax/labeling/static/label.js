@@ -6,9 +6,9 @@
 // Each submission names the pair (its id and its texts' hash, uid) and the left/right order it was
 // given on, so the server stores it on that pair in that order or refuses it, whatever happened to
 // the assignment meanwhile, and the label its page showed (base), so that a page drawn before the
-// label last changed (another tab's) cannot replace it. What the browser keeps is keyed by the labeling database's own id as
-// well as the labeler: databases served one after another at the same address (a pilot, then the
-// real round) each get their own, sent only to that database.
+// label last changed (another tab's) cannot replace it. What the browser keeps is keyed by the
+// labeling database's own id as well as the labeler: databases served one after another at the
+// same address (a pilot, then the real round) each get their own, sent only to that database.
 // Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, for this
 // assignment, pair and order only.
 (function () {
