@@ -566,6 +566,40 @@ def test_skip_returns_the_pair_to_others_never_to_the_skipper(tmp_path):
   assert bob.post(f"/label/{second}/skip", data={"csrf": bob_csrf}).status_code == 404
 
 
+@pytest.mark.parametrize("action", ["skip", "flag"])
+def test_an_answer_from_a_page_open_before_a_skip_is_kept_and_ends_the_skip(tmp_path, action):
+  """Another tab still shows the pair the labeler skipped (or flagged); its answer arrives after the
+  pair went to someone else: kept on that pair, in its order, like a late label, and the assignment
+  ends done, no longer skipped. A flag still holds the pair."""
+  site = Site(tmp_path, gold_every=0, k=1)
+  ada = site.client("ada")
+  csrf, first = page_ids(ada.get("/").text)
+  stale = shown(ada, first)  # The other tab's page, loaded before the skip.
+  assert ada.post(f"/label/{first}/{action}", data={"csrf": csrf, "comment": "unreadable"},
+                  follow_redirects=False).status_code == 303
+  if action == "skip":  # k = 1: bob is given the pair and labels it.
+    bob = site.client("bob")
+    bob_csrf, bob_first = page_ids(bob.get("/").text)
+    assert post_label(bob, bob_first, bob_csrf, stiennon_answers(6)).status_code == 200
+  assert site.store.progress()["skipped"] == 1
+  response = ada.post(f"/label/{first}", json={"csrf": csrf, "submission": "late", "seconds": 9,
+                                               "answers": stiennon_answers(2), "base": "",
+                                               **stale})
+  assert response.status_code == 200 and response.json()["status"] == "saved"
+  row = site.store.assignment(lid(site.store, "ada"), int(first))
+  assert row["done"] is not None and (row["id"], row["swapped"]) == (stale["pair"],
+                                                                     stale["swapped"])
+  db = site.store.read()
+  assert db.execute("SELECT skipped FROM assignments WHERE id = ?", (int(first),)).fetchone()[0] \
+      is None
+  assert site.store.progress()["skipped"] == 0
+  assert site.store.my_progress(lid(site.store, "ada"))["mine"] == 1
+  labels = {r["labeler"]: r for r in site.store.labels()}
+  assert set(labels) == ({"ada", "bob"} if action == "skip" else {"ada"})
+  assert row["done_count"] == len(labels)  # k + 1 after the skip: kept, as a late label is.
+  assert len(site.store.flags()) == (action == "flag")
+
+
 def test_a_flagged_pair_is_held_for_the_admin_then_released_or_dropped(tmp_path):
   site = Site(tmp_path, gold_every=0, k=2)
   ada, bob = site.client("ada"), site.client("bob")  # Both hold the first pair.

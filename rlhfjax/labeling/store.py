@@ -35,7 +35,8 @@ Assignment rules:
 - a skipped assignment no longer counts against the pair's k (the pair returns to the queue for
   others) and is never offered to that labeler again; a flagged one is skipped, and its pair is held
   out of the queue until an admin returns it (`release`) or removes it (`drop`: nobody is given it
-  again and its labels are left out of exports).
+  again and its labels are left out of exports). A label sent afterwards from a page still open is
+  kept, as a late one is, and ends the skip (the flag stays).
 
 Admins review pairs (`review`): *accept* marks a pair's labels as reviewed and accepted; *send
 back* asks for one more label. The counts stay honest: `done_count` is always the number of labels,
@@ -499,7 +500,10 @@ class Store:
         return "revised"
       db.execute("INSERT INTO labels VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?)",
                  (assignment_id, *values, submission, now, now, seconds))
-      db.execute("UPDATE assignments SET done = ? WHERE id = ?", (now, assignment_id))
+      # A label sent after a skip or a flag (from a page still open) ends the skip: the latest
+      # act wins, and an assignment is never both skipped and done.
+      db.execute("UPDATE assignments SET done = ?, skipped = NULL WHERE id = ?",
+                 (now, assignment_id))
       db.execute("UPDATE items SET done_count = done_count + 1 WHERE id = ?", (row["item_id"],))
     return "saved"
 
