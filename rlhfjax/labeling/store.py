@@ -27,7 +27,8 @@ Assignment rules:
   and to one more for each time an admin sends it back;
 - a labeler holds at most one open assignment; it is leased for `lease_s` seconds, after which it
   no longer counts against the pair's k and the pair returns to the queue (a late answer is still
-  kept: nothing a labeler wrote is thrown away, and the pair may then end with more than k labels);
+  kept, and the pair may then end with more than k labels; but once the labeler asks for a pair
+  again after others filled it, that assignment is deleted and a late answer for it is refused);
 - left/right order is drawn per assignment and stored;
 - an assignment is a gold pair (a known answer) with probability 1 / `gold_every`, drawn at random
   among those the labeler has not seen, while any remain (so neither the slot nor the pair gives a
