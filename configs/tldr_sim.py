@@ -223,7 +223,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # level loss; overlong_buffer: the last L_cache tokens before response_len, over which the
   # reward falls linearly to -overlong_penalty_factor [4096 of 20480 tokens; 1.0] (0: off; with
   # penalize_no_eos a response without eos keeps no_eos_score, no penalty on top);
-  # dynamic_sampling: groups whose rewards are all equal leave the loss [on]; max_num_gen_batches:
+  # dynamic_sampling: groups whose dynamic_sampling_metric is all equal leave the loss [on]; the
+  # metric 'score' tests the scores before overlong shaping and KL (DAPO's accuracy, verl's
+  # filter_groups.metric=acc) ['score'], 'reward' the rewards the advantages use; max_num_gen_batches:
   # with dynamic sampling, the loop refills the batch with groups of new prompts, drawing up to
   # that many generation batches an iteration [10] (1: no refill); DAPO drops the KL [beta 0].
   # GSPO (Zheng et al. 2025): importance_sampling_level token (GRPO) | sequence (one ratio per
@@ -232,7 +234,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.grpo = dict(online, k=8, beta=0.04, kl_estimator="k3", kl_in="loss", cliprange=0.2,
                 cliprange_high=0.2, scale_rewards="group", loss_type="grpo", epochs=2,
                 minibatch_size=16, overlong_buffer=0, overlong_penalty_factor=1.0,
-                dynamic_sampling=False, max_num_gen_batches=1, importance_sampling_level="token")
+                dynamic_sampling=False, dynamic_sampling_metric="score", max_num_gen_batches=1,
+                importance_sampling_level="token")
   # dapo, gspo and dr_grpo below are blocks of their own, each complete (every knob the GRPO step
   # reads; the code has no defaults for them): copies of grpo's values as this file sets them, with
   # each paper's settings on top. A run reads its task's block alone, so --config.grpo.lr=...
@@ -250,8 +253,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 cliprange_high=4e-4, beta=0.0)
   # task=dr_grpo: Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), the GRPO step
   # with neither the std division of the advantage nor each response's length as the normaliser
-  # (a constant, sequences x response_len).
-  c.dr_grpo = dict(c.grpo, loss_type="dr_grpo", scale_rewards="none")
+  # (a constant, sequences x response_len), and no KL term (the authors' runs: beta 0).
+  c.dr_grpo = dict(c.grpo, loss_type="dr_grpo", scale_rewards="none", beta=0.0)
   # REINFORCE++ (Hu et al. 2025; OpenRLHF's defaults): PPO's per-token reward (-kl_coef x the k1
   # KL on every token, the score on the last) without a critic; the return is the reward-to-go
   # (gamma) and the advantage that return whitened over every real token of the rollout batch

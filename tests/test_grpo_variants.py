@@ -27,7 +27,7 @@ from rlhfjax.models.config import ModelConfig
 from rlhfjax.training.state import TrainState
 
 NEW_KEYS = ("cliprange_high", "overlong_buffer", "overlong_penalty_factor", "dynamic_sampling",
-            "importance_sampling_level", "max_num_gen_batches")
+            "importance_sampling_level", "max_num_gen_batches", "dynamic_sampling_metric")
 
 
 def _c(**kw) -> ml_collections.ConfigDict:
@@ -94,6 +94,23 @@ def test_dynamic_sampling_drops_groups_of_equal_rewards():
   np.testing.assert_array_equal(kept, [False, True, False])
   assert int((~kept).sum()) == 2
   np.testing.assert_array_equal(adv[:4], 0.0)
+
+
+def test_dynamic_sampling_tests_the_score_before_the_length_shaping():
+  """DAPO drops a group that is all right, however its lengths differ (verl's metric=acc): four
+  right answers (score 1) of 10, 12, 17 and 20 tokens, L_max 20 and L_cache 4, are penalised
+  0, 0, −0.25 and −1. On the shaped rewards the group would stay, and its std scaling would turn
+  the length penalty alone into full-size advantages (0.66, 0.66, 0.13, −1.45)."""
+  scores = jnp.array([1.0, 1, 1, 1, 0, 1, 0, 1])
+  penalty = grpo.overlong_penalty(jnp.array([10.0, 12, 17, 20, 10, 10, 10, 10]), 20, 4, 1.0)
+  np.testing.assert_allclose(penalty[:4], [0.0, 0.0, -0.25, -1.0])
+  rewards = scores + penalty
+  adv, _ = grpo.group_advantages(rewards, 4, "group")
+  np.testing.assert_allclose(adv[:4], [0.66, 0.66, 0.13, -1.45], atol=0.01)
+  kept = {m: grpo.informative_groups(grpo.filter_std(scores, rewards, _c(
+      k=4, dynamic_sampling_metric=m))) for m in grpo.FILTER_METRICS}
+  np.testing.assert_array_equal(kept["score"], [False, True])
+  np.testing.assert_array_equal(kept["reward"], [True, True])
 
 
 def test_dropped_rows_leave_the_loss_and_its_normaliser():
@@ -170,7 +187,7 @@ def test_gspo_token_has_gspo_value_and_a_gradient_per_token():
 
 def test_defaults_are_grpo_and_bad_settings_are_refused(tiny_config):
   c = tiny_config.grpo
-  assert [c[k] for k in NEW_KEYS] == [c.cliprange, 0, 1.0, False, "token", 1]
+  assert [c[k] for k in NEW_KEYS] == [c.cliprange, 0, 1.0, False, "token", 1, "score"]
   grpo.check_config(c, tiny_config.format.response_len)
   for key, value, match in (("loss_type", "dapo", "'bnpo' here"),
                             ("importance_sampling_level", "seq", "importance_sampling_level"),
@@ -178,7 +195,9 @@ def test_defaults_are_grpo_and_bad_settings_are_refused(tiny_config):
                                                     r"format.response_len \(32\)\]"),
                             ("cliprange_high", 0.0, "cliprange_high must be > 0"),
                             ("max_num_gen_batches", 0, "max_num_gen_batches must be an integer"),
-                            ("max_num_gen_batches", 3, "set grpo.dynamic_sampling=True")):
+                            ("max_num_gen_batches", 3, "set grpo.dynamic_sampling=True"),
+                            ("dynamic_sampling_metric", "acc", "dynamic_sampling_metric must be "
+                                                               "one of")):
     bad = ml_collections.ConfigDict(c.to_dict())
     bad[key] = value
     with pytest.raises(ConfigError, match=match):
@@ -208,6 +227,8 @@ def test_the_papers_blocks_pass_their_checks(tiny_config):
   assert d.overlong_buffer == tiny_config.format.response_len // 5
   assert (g.importance_sampling_level, g.cliprange, g.cliprange_high, g.beta,
           g.loss_type) == ("sequence", 3e-4, 4e-4, 0.0, "grpo")
+  r = tiny_config.dr_grpo  # The authors' runs: no KL term.
+  assert (r.loss_type, r.scale_rewards, r.beta) == ("dr_grpo", "none", 0.0)
   for task in ("dapo", "gspo"):
     grpo.check_config(tiny_config[task], tiny_config.format.response_len, task)
   bad = ml_collections.ConfigDict(d.to_dict())
@@ -298,9 +319,9 @@ def test_one_step_of_each_variant_on_the_tiny_block(tiny_config, models, name):
 
 
 def test_informative_groups_of_a_sampled_batch(tiny_config, models):
-  """The refill's test on the step's own rewards: the group whose four responses all lack an
-  eos (each scored no_eos_score) carries no gradient; with kl_in='reward' the KL makes them
-  differ, and both groups count."""
+  """The refill's test, as the step applies it: the group whose four responses all lack an eos
+  (each scored no_eos_score) is dropped; with kl_in='reward' the KL makes its rewards differ, so
+  it counts only when the test is on the rewards (dynamic_sampling_metric='reward')."""
   ref, rm = models
   c = ml_collections.ConfigDict(tiny_config.grpo.to_dict())
   c.update(VARIANTS["dapo"])
@@ -310,6 +331,8 @@ def test_informative_groups_of_a_sampled_batch(tiny_config, models):
   np.testing.assert_array_equal(fn(state, ref, rm, _batch()), [True, False])
   c.update(kl_in="reward", beta=0.1)
   moved = TrainState.create({"policy": tweaked}, optax.adam(1e-3))
+  np.testing.assert_array_equal(fn(moved, ref, rm, _batch()), [True, False])
+  c.update(dynamic_sampling_metric="reward")
   np.testing.assert_array_equal(fn(moved, ref, rm, _batch()), [True, True])
 
 

@@ -11,7 +11,8 @@ per-token loss is the clipped surrogate minus the KL penalty in the loss,
   ℓ_t = −[min(ρ_t A_i, clip(ρ_t, 1 − ε_low, 1 + ε_high) A_i) − β KL_t],
   ρ_t = π_θ(y_t) / π_old(y_t),  ε_low = `cliprange`, ε_high = `cliprange_high` (= ε_low: GRPO),
 
-with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (unbiased, always ≥ 0). `kl_in='reward'`
+with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (an unbiased value of KL(π_θ‖π_ref),
+always ≥ 0; as a loss term its expected gradient is that of KL(π_ref‖π_θ), as in TRL). `kl_in='reward'`
 instead subtracts β Σ_t KL_t from r_i before the group normalisation, as PPO and RLOO do, where
 `kl_estimator='k1'` (log π_θ − log π_ref) may serve too; in the loss k1 is refused, its gradient
 ∇ log π_θ being zero in expectation over π_θ's samples. How the token losses become one number is what GRPO's follow-ups
@@ -64,13 +65,17 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 KL_ESTIMATORS = ("k3", "k1")
 KL_IN = ("loss", "reward")
 IS_LEVELS = ("token", "sequence", "sequence_token")
+# What dynamic sampling tests for a spread: the score (DAPO's accuracy; verl's
+# `filter_groups.metric`), or the shaped reward the advantages are made of.
+FILTER_METRICS = ("score", "reward")
 STD_EPS = 1e-4
 ZERO_STD = 1e-6  # A group whose rewards spread less than this carries no gradient.
 # The knobs the step reads of its block, beside the online loop's: every GRPO block (grpo, dapo,
 # gspo, dr_grpo) holds each of them, with no default in code (configs/tldr_sim.py).
 KNOBS = ("k", "beta", "kl_estimator", "kl_in", "cliprange", "cliprange_high", "scale_rewards",
          "loss_type", "epochs", "minibatch_size", "overlong_buffer", "overlong_penalty_factor",
-         "dynamic_sampling", "max_num_gen_batches", "importance_sampling_level")
+         "dynamic_sampling", "dynamic_sampling_metric", "max_num_gen_batches",
+         "importance_sampling_level")
 
 
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, estimator: str) -> jax.Array:
@@ -121,9 +126,18 @@ def length_shaping(batch: pipeline.Batch, eos_id: sampling.EosIds, c: Any) -> ja
 
 
 def informative_groups(group_std: jax.Array) -> jax.Array:
-  """Which groups [B // k] have rewards that differ (std ≥ ZERO_STD): the others have advantage 0
-  on every response, no policy gradient, and DAPO's dynamic sampling leaves them out."""
+  """Which groups [B // k] have values that differ (std ≥ ZERO_STD); DAPO's dynamic sampling
+  leaves the others out."""
   return group_std >= ZERO_STD
+
+
+def filter_std(scores: jax.Array, rewards: jax.Array, c: Any) -> jax.Array:
+  """Each group's std [B // k] of what dynamic sampling tests (`dynamic_sampling_metric`):
+  'score', the scores before the overlong shaping and any KL (DAPO drops the groups whose
+  accuracy is all 1 or all 0, however their lengths differ: verl's `metric=acc`); 'reward', the
+  rewards the advantages are made of (a group left in has a nonzero advantage somewhere)."""
+  values = scores if c.dynamic_sampling_metric == "score" else rewards
+  return values.reshape(-1, c.k).std(-1, ddof=1)
 
 
 def importance_ratio(logp: jax.Array, old_logp: jax.Array, mask: jax.Array | None,
@@ -203,18 +217,19 @@ def shaped_rewards(e: dict[str, jax.Array], batch: pipeline.Batch, c: Any,
 
 def informative(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch, *,
                 cfg: ModelConfig, c: Any, eos_id: sampling.EosIds) -> jax.Array:
-  """Which groups [B // k] of a sampled batch have rewards that differ (the refill's test, on the
-  same rewards the step's advantages use): the reward model alone, or the whole experience pass
-  where `kl_in='reward'` puts the policy's KL into the reward."""
+  """Which groups [B // k] of a sampled batch the step keeps (the refill's test, `filter_std`, as
+  the step applies it): the reward model alone, or the whole experience pass where the test is on
+  rewards that `kl_in='reward'` puts the policy's KL into."""
   group = online.group(c, c.k)
-  if c.kl_in == "reward":
+  on_rewards = c.dynamic_sampling_metric == "reward"
+  if on_rewards and c.kl_in == "reward":
     e = online.experience(state, ref_params, reward_params, batch, cfg, c, eos_id, group)
   else:
     scores, _ = engine.rewards_at_eos(reward_params, batch, cfg, eos_id,
                                       c.no_eos_score if c.penalize_no_eos else None, group)
     e = {"scores": scores}
-  rewards, _ = shaped_rewards(e, batch, c, eos_id)
-  return informative_groups(group_advantages(rewards, c.k, c.scale_rewards)[1])
+  rewards = shaped_rewards(e, batch, c, eos_id)[0] if on_rewards else e["scores"]
+  return informative_groups(filter_std(e["scores"], rewards, c))
 
 
 def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pipeline.Batch,
@@ -232,7 +247,7 @@ def train_step(state: TrainState, ref_params: Any, reward_params: Any, batch: pi
           "ref_logprobs": e["ref_logprobs"],
           "advantages": adv}
   if c.dynamic_sampling:
-    kept = informative_groups(group_std)
+    kept = informative_groups(filter_std(e["scores"], rewards, c))
     data["rows"] = jnp.repeat(kept.astype(jnp.float32), c.k)
     variant_stats.update({
         "dynamic_sampling/dropped_groups": (~kept).sum().astype(jnp.float32),
@@ -275,7 +290,8 @@ def check_config(c: Any, response_len: int | None = None, task: str = "grpo") ->
                       "overlong_buffer, dynamic_sampling, max_num_gen_batches), all set in the "
                       "dapo block that task=dapo runs (docs/grpo_variants.md)")
   for key, allowed in (("scale_rewards", SCALES), ("loss_type", LOSS_TYPES),
-                       ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN)):
+                       ("kl_estimator", KL_ESTIMATORS), ("kl_in", KL_IN),
+                       ("dynamic_sampling_metric", FILTER_METRICS)):
     if c[key] not in allowed:
       raise ConfigError(f"{task}.{key} must be one of {allowed}, got {c[key]!r}")
   if c.kl_estimator == "k1" and c.kl_in == "loss" and c.beta > 0:
