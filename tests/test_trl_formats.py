@@ -311,3 +311,57 @@ def test_a_dataset_dict_directory_names_its_splits(tmp_path):
                      r"directories \(test, train\)"):
     records.read(str(root), "trl")
   assert len(records.read(str(root / "train"), "trl")[0]) == 3
+
+
+def test_a_row_missing_a_field_is_named_not_read_as_another_type(tmp_path):
+  """A file holds one TRL type: a preference row without `rejected` is refused with its line, not
+  read as a prompt-only row (that SFT would then silently leave out)."""
+  path = fx.write_jsonl(str(tmp_path / "p.jsonl"), [
+      {"prompt": "q0", "chosen": " a", "rejected": " b"}, {"prompt": "q1", "chosen": " a"},
+      {"prompt": "q2", "chosen": " c", "rejected": " d", "completion": " e"}])
+  examples = loading.read_examples(path)
+  assert [(e.prompt, e.reference, e.extra) for e in examples] == [
+      ("q0", " a", None), ("q2", " c", {"completion": " e"})]  # A stray column stays an extra.
+  rows, problems = tables.read(path, lambda r: trl.same_type(
+      trl.PREFERENCE, trl.parse(r), r, None))
+  assert problems == [f"{path}:2: a prompt-only row where the first row read is a preference row "
+                      "(it has no 'rejected'): a file holds one TRL type"]
+
+
+def test_messages_with_tool_calls_or_no_text_are_refused():
+  call = {"role": "assistant", "content": "", "tool_calls": [{"name": "add", "arguments": "{}"}]}
+  with pytest.raises(ValueError, match=r"message 1 \(assistant\) has tool_calls, which this reader "
+                     r"does not pass to the chat template"):
+    trl.parse({"prompt": [fx.user("2 + 40?"), call, {"role": "tool", "content": "42"}],
+               "completion": [fx.assistant("42.")]})
+  with pytest.raises(ValueError, match=r"message 0 \(assistant\) has no text content \(got "
+                     r"NoneType\)"):
+    trl.parse({"prompt": [fx.user("Hi")], "completion": [{"role": "assistant", "content": None}]})
+  # Keys a Parquet struct column holds for every message, null where unused, are fine.
+  row = trl.parse({"prompt": [dict(fx.user("Hi"), tool_calls=None, name=None)],
+                   "completion": [fx.assistant("Hello.")]})
+  assert (row.messages, row.completion) == ((("user", "Hi"),), "Hello.")
+
+
+def test_column_mapping_renames_at_once_and_never_overwrites():
+  swapped = trl.parse({"prompt": "q", "chosen": " worse", "rejected": " better"},
+                      {"chosen": "rejected", "rejected": "chosen"})
+  assert (swapped.chosen, swapped.rejected, swapped.extra) == (" better", " worse", None)
+  with pytest.raises(ValueError, match=r"data.columns.prompt='question', but the file has a "
+                     r"column 'prompt' too, which the mapping would overwrite"):
+    trl.parse({"prompt": "old", "question": "q", "chosen": " a", "rejected": " b"},
+              {"prompt": "question"})
+
+
+def test_a_failing_chat_template_names_the_example(tmp_path, tok):
+  strict = tokenizer_lib.Tokenizer(tok.model_proto)
+  strict.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
+                          "{{ raise_exception('System role not supported') }}{% endif %}"
+                          "{{ m['content'] }}{% endfor %}")
+  path = fx.write_jsonl(str(tmp_path / "sys.jsonl"), [
+      {"prompt": [{"role": "system", "content": "Be brief."}, fx.user("Hi")],
+       "completion": [fx.assistant("Hello.")]}])
+  examples = loading.read_examples(path)
+  with pytest.raises(ConfigError, match=re.escape(f"example {path}#0: the chat template failed "
+                                                  "on 2 messages: System role not supported")):
+    pipeline.encode_sft(strict, examples, PLEN, RLEN)

@@ -100,3 +100,16 @@ def test_unreadable_comparisons_are_refused_before_anything_is_written(data, tmp
   with pytest.raises(DataError, match=r"rm.train_file: .*cut.parquet: not a readable parquet"):
     main.run(c, str(tmp_path / "w"))
   assert not os.path.exists(tmp_path / "w" / "config.json")
+
+
+def test_sft_on_prompts_alone_is_refused(data, tmp_path):
+  """A prompt-only file has no response to learn: task=sft says so (it used to train on empty
+  targets, eos alone), before anything is written."""
+  prompts = fx.write_jsonl(str(tmp_path / "prompts.jsonl"),
+                           [{"prompt": r["chosen"]} for r in fx.hh_rows(20)])
+  c = _config("jsonl", data, "sft")
+  c.data.update(train_file=prompts, test_file="")
+  with pytest.raises(DataError, match=r"task=sft: no training example has a response to learn "
+                     r"\(data.source='files', data.train_file='.*prompts.jsonl'\)"):
+    main.run(c, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / "sft" / "checkpoints")

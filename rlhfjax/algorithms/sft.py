@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from rlhfjax import rng_streams
+from rlhfjax.errors import DataError
 from rlhfjax.data import pipeline
 from rlhfjax.models import lora
 from rlhfjax.models import policy
@@ -86,9 +87,14 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   config, c = exp.config, exp.config[task]
   plen, rlen = config.format.prompt_len, config.format.response_len
   if data is None:
+    if not exp.splits["sft"]:
+      raise DataError(f"task={task}: no training example has a response to learn (data.source="
+                      f"{config.data.source!r}, data.train_file={config.data.get('train_file')!r}"
+                      "): SFT needs prompt-completion rows, preference rows (their chosen) or "
+                      "unpaired rows labelled true; prompt-only data serves the RL tasks")
     data = pipeline.encode_sft(exp.tokenizer, exp.splits["sft"], plen, rlen)
-  val = pipeline.encode_sft(exp.tokenizer, exp.splits["validation"][:c.eval_batches * c.batch_size],
-                            plen, rlen)
+  held = [e for e in exp.splits["validation"] if e.reference]  # Prompt-only rows: nothing to score.
+  val = pipeline.encode_sft(exp.tokenizer, held[:c.eval_batches * c.batch_size], plen, rlen)
   n_train = len(data["prompt"])
   par = exp.parallel
   prog = program(exp, task)

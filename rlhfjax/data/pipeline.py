@@ -9,7 +9,7 @@ uninterrupted one would.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -146,13 +146,22 @@ def prompt_ids(tok: tokenizer_lib.Tokenizer, e: Post | Example, prompt_len: int,
     if control:
       raise ConfigError("control codes (reward conditioning, Quark) need TL;DR or Alpaca prompts, "
                         "not TRL records")
-    return chat.prompt_ids(tok, e.prompt, e.messages, prompt_len)
+    return _naming(e, chat.prompt_ids, tok, e.prompt, e.messages, prompt_len)
   if isinstance(e, Instruction):
     if e.input:
       return formats.tldr_prompt(tok, "", e.instruction, e.input, prompt_len, control,
                                  _ALPACA_INPUT)
     return formats.tldr_prompt(tok, "", "", e.instruction, prompt_len, control, _ALPACA)
   return formats.tldr_prompt(tok, e.subreddit, e.title, e.post, prompt_len, control)
+
+
+def _naming(e: Prompted, fn: Callable[..., list[int]], *args: Any) -> list[int]:
+  """`fn(*args)` for the TRL record `e`, whose id (or prompt) a chat template's error then names."""
+  try:
+    return fn(*args)
+  except ConfigError as err:
+    where = f"example {e.id}" if e.id else f"the example whose prompt ends {e.prompt[-60:]!r}"
+    raise ConfigError(f"{where}: {err}") from err
 
 
 def encode_prompts(tok: tokenizer_lib.Tokenizer, posts: Sequence[Post | Example],
@@ -170,7 +179,7 @@ def encode_responses(tok: tokenizer_lib.Tokenizer, texts: Sequence[str], respons
   answer, a TRL record's response is its text as it is or its chat template's final assistant
   turn (`chat.response_ids`)."""
   posts = [None] * len(texts) if posts is None else posts
-  ids = [chat.response_ids(tok, p.messages, t, response_len) if isinstance(p, Prompted)
+  ids = [_naming(p, chat.response_ids, tok, p.messages, t, response_len) if isinstance(p, Prompted)
          else formats.response_tokens(tok, t, response_len)
          for p, t in zip(posts, texts, strict=True)]
   response, response_mask = formats.pad(ids, response_len, tok.pad_id, "right")

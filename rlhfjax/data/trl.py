@@ -82,13 +82,24 @@ def is_messages(value: Any) -> bool:
 
 
 def _messages(value: Any, name: str) -> list[Message]:
+  """A conversation's (role, content) pairs. A message with anything else set (`tool_calls`,
+  `name`, `tool_call_id`, `reasoning_content`, ...) is refused rather than read without it: only
+  role and content reach the chat template, so the model would see another conversation."""
   if not isinstance(value, (list, tuple)) or not value:
     raise ValueError(f"field {name!r} must be a non-empty list of messages")
   out = []
   for i, m in enumerate(value):
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or \
-        not isinstance(m.get("content"), str):
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
       raise ValueError(f"field {name!r}: message {i} is not a {{role, content}} pair of strings")
+    other = sorted(str(k) for k, v in m.items()
+                   if k not in ("role", "content") and v not in (None, "", [], {}))
+    if other:
+      raise ValueError(f"field {name!r}: message {i} ({m['role']}) has {', '.join(other)}, which "
+                       "this reader does not pass to the chat template (only role and content): "
+                       "tool calls and other message keys are not supported")
+    if not isinstance(m.get("content"), str):
+      raise ValueError(f"field {name!r}: message {i} ({m['role']}) has no text content (got "
+                       f"{type(m.get('content')).__name__}): only string contents are read")
     out.append((sys.intern(str(m["role"])), m["content"]))  # One "user" string, not one a row.
   return out
 
@@ -141,18 +152,52 @@ def _final_turn(prompt: list[Message], completion: list[Message], name: str,
 
 
 def rename(row: Mapping[str, Any], columns: Mapping[str, str] | None) -> Mapping[str, Any]:
-  """`row` with the file's columns renamed to TRL's names (`columns`: TRL name -> file column)."""
+  """`row` with the file's columns renamed to TRL's names (`columns`: TRL name -> file column), all
+  at once (a swap, {"chosen": "rejected", "rejected": "chosen"}, swaps). A column of the file that
+  already has a mapped field's name, and is not itself mapped away, is an error: it would be
+  overwritten."""
   if not columns:
     return row  # Only read, never changed.
-  out = dict(row)
+  moves = {}
   for field, column in columns.items():
     if field not in FIELDS:
       raise ValueError(f"data.columns.{field}: not a field of TRL's formats ({', '.join(FIELDS)})")
     if column and column != field:
-      if column not in out:
+      if column not in row:
         raise ValueError(f"missing column {column!r} (data.columns.{field})")
-      out[field] = out.pop(column)
+      moves[field] = column
+  sources = set(moves.values())
+  for field, column in moves.items():
+    if field in row and field not in sources:
+      raise ValueError(f"data.columns.{field}={column!r}, but the file has a column {field!r} "
+                       f"too, which the mapping would overwrite (rename one of the two in the "
+                       "file)")
+  out = {k: v for k, v in row.items() if k not in sources}
+  out.update({field: row[column] for field, column in moves.items()})
   return out
+
+
+# The fields that make each type (a preference row's prompt may be implicit).
+REQUIRED = {PREFERENCE: ("chosen", "rejected"), UNPAIRED: ("prompt", "completion", "label"),
+            PROMPT_COMPLETION: ("prompt", "completion"), PROMPT_ONLY: ("prompt",),
+            LANGUAGE_MODELING: ("messages", "text")}
+
+
+def same_type(first: str, row: Row, raw: Mapping[str, Any], columns: Mapping[str, str] | None
+              ) -> Row:
+  """`row`, when it is of the type `first` of the file's first row; else a ValueError naming the
+  fields it lacks. A file (a `datasets` table) has one type: a row missing a key reads as null
+  there, so TRL would fail on it, where here it would quietly be read as another type (a
+  preference row without `rejected` as a prompt-only one)."""
+  if row.type == first:
+    return row
+  have = rename(raw, columns)
+  lacks = [f for f in REQUIRED[first] if f not in have]
+  if first == LANGUAGE_MODELING:
+    lacks = [] if {"messages", "text"} & set(have) else ["messages or text"]
+  said = f"it has no {', '.join(map(repr, lacks))}" if lacks else "its fields differ"
+  raise ValueError(f"a {row.type.replace('_', '-')} row where the first row read is a "
+                   f"{first.replace('_', '-')} row ({said}): a file holds one TRL type")
 
 
 def kind_of(keys) -> str:

@@ -96,7 +96,15 @@ def read_examples(path: str, columns: Mapping[str, str] | None = None
   """The rows of a TRL-format file (any type: its prompt, and its chosen response or completion as
   the reference) as `pipeline.Prompted` examples; a malformed row is logged (file, row, reason)
   and skipped, and a file with no good row is a DataError."""
-  rows, problems = tables.read(path, lambda row: trl.parse(row, columns))
+  first: list[str] = []  # The type of the first good row: the file's.
+
+  def parse(raw: dict) -> trl.Row:
+    row = trl.parse(raw, columns)
+    if not first:
+      first.append(row.type)
+    return trl.same_type(first[0], row, raw, columns)
+
+  rows, problems = tables.read(path, parse)
   for p in problems[:20]:
     logging.warning("%s (skipped)", p)
   if len(problems) > 20:
@@ -128,9 +136,10 @@ def file_splits(cfg: Mapping[str, Any]) -> dict[str, list[pipeline.Example]]:
       raise ConfigError(f"data.validation ({n_val}) leaves none of the {len(train)} rows of "
                         f"{path} to train on; lower it or give data.test_file")
     held, train = train[len(train) - n_val:], train[:len(train) - n_val]
-  # SFT learns the rows with a response to learn (chosen, a completion, a desirable completion).
-  return {"sft": [e for e in train if e.reference] or train, "pref": train, "unlabeled": train, "validation": held[:n_val or None],
-          "test": held[:n_test or None]}
+  # SFT learns the rows with a response to learn (chosen, a completion, a desirable completion);
+  # with none (prompt-only data, for the RL tasks) its split is empty and task=sft says so.
+  return {"sft": [e for e in train if e.reference], "pref": train, "unlabeled": train,
+          "validation": held[:n_val or None], "test": held[:n_test or None]}
 
 
 def alpaca_config(seed: int, sizes: Mapping[str, int]) -> Any:

@@ -105,7 +105,8 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     if tcfg.path:
       tok = tokenizer_lib.load(tcfg.path)
     else:
-      corpus = pipeline.tokenizer_corpus(splits["sft"][:tcfg.train_examples])
+      corpus = pipeline.tokenizer_corpus((splits["sft"] or splits["unlabeled"])
+                                         [:tcfg.train_examples])
       tok = tokenizer_lib.load_or_train(os.path.join(workdir, "tokenizer.model"), corpus,
                                         tcfg.vocab_size, tcfg.model_type,
                                         tcfg.split_by_unicode_script)
