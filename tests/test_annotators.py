@@ -112,11 +112,21 @@ def test_copying_hand_worked():
   assert agreement.copying("hello", post) == 0.0
 
 
+def test_a_policy_against_itself_wins_half_with_no_spread():
+  """Each pair of identical texts is a draw (AlpacaEval's rule), not the gold annotator's coin
+  flip between equal utilities: 50% exactly."""
+  wins = annotators.wins_against(annotators.GOLD, EXAMPLES[:50], REFS[:50], REFS[:50],
+                                 np.random.default_rng(0))
+  np.testing.assert_array_equal(wins, 0.5)
+
+
 def test_agreement_matrix_hand_worked():
   prefs = {"x": np.array([0, 1, 1, 0.5]), "y": np.array([0, 0, 1, 1])}
   mean, se = agreement.agreement_matrix(prefs, np.random.default_rng(0), n_boot=50)
-  np.testing.assert_allclose(mean, [[1, 0.625], [0.625, 1]])  # (1 + 0 + 1 + 0.5) / 4.
-  assert se[0, 0] == 0 and se[0, 1] > 0
+  # x, y: (1 + 0 + 1 + 0.5) / 4. x with itself: its tie agrees with another tie half the time.
+  np.testing.assert_allclose(mean, [[0.875, 0.625], [0.625, 1]])
+  assert se[1, 1] == 0 and se[0, 1] > 0
+  assert agreement.agreement(np.array([0.5, 0.5, 1.0]), np.array([0.5, 0.0, 1.0])) == 2 / 3
 
 
 def test_probes_are_clear_to_gold():

@@ -57,6 +57,9 @@ class _Fixed:
 def test_wins_against_counts_the_first_response():
   wins = annotators.wins_against(_Fixed([0, 1, 0]), [None] * 3, ["x"] * 3, ["r"] * 3, None)
   np.testing.assert_array_equal(wins, [1.0, 0.0, 1.0])
+  # The same text as the reference is a draw (AlpacaEval), whatever the annotator's coin said.
+  wins = annotators.wins_against(_Fixed([0, 1, 1]), [None] * 3, ["r", "r", "x"], ["r"] * 3, None)
+  np.testing.assert_array_equal(wins, [0.5, 0.5, 0.0])
 
 
 def test_paired_test():

@@ -124,6 +124,17 @@ def test_config_errors(functions_file):
   assert reward_functions.load({**BLOCK, "functions": "rlhfjax.rollout.reward_functions:load"})
 
 
+@pytest.mark.parametrize("correct", ["", "a:right,b:right"])
+def test_pass_at_k_without_one_correct_function_is_refused_before_training(tmp_path, correct):
+  """eval.pass_k > 0 judges answers by eval.correct: without it (or with two) the run used to end
+  in a bare StopIteration after training, when the answers were judged."""
+  c = load_config()
+  c.task, c.eval.pass_k, c.eval.correct = "sft", 4, correct
+  with pytest.raises(ConfigError, match=r"eval.pass_k=4 needs eval.correct: one reward function"):
+    main.run(c, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / "sft")
+
+
 def _workdir(tiny_pipeline, tmp_path, name, parts=("tokenizer.model", "sft", "rm")):
   _, done = tiny_pipeline
   workdir = tmp_path / name

@@ -2,8 +2,9 @@
 table between annotators, gold, the reward model and simple heuristics (Stiennon et al., Table 20).
 
 A preference over a pair (a, b) is a number in {0, 0.5, 1}: 0 prefers a, 1 prefers b, 0.5 is a tie.
-Two preferences agree with probability `1 - |p - q|`, so a tie agrees half the time, as a coin flip
-would.
+Two preferences p and q, each the probability of preferring b, agree with probability
+`p q + (1 - p)(1 - q)`: 1 or 0 for two decided ones, and a half where either is a tie, as a coin
+flip would (two ties as well).
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ def copying(summary: str, post: str) -> float:
   return _lcs(sb, pb) / len(sb) if sb else 0.0
 
 
+def _agree(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+  return p * q + (1.0 - p) * (1.0 - q)
+
+
 def agreement(p: np.ndarray, q: np.ndarray) -> float:
-  return float(np.mean(1.0 - np.abs(np.asarray(p) - np.asarray(q))))
+  """The mean probability that the preferences `p` and `q` agree."""
+  return float(np.mean(_agree(np.asarray(p, np.float64), np.asarray(q, np.float64))))
 
 
 def agreement_matrix(prefs: Mapping[str, np.ndarray], rng: np.random.Generator,
@@ -50,7 +56,7 @@ def agreement_matrix(prefs: Mapping[str, np.ndarray], rng: np.random.Generator,
   """Mean pairwise agreement [K, K] between the labelers in `prefs` and its bootstrap standard
   error (pairs resampled with replacement)."""
   p = np.stack([np.asarray(v, np.float64) for v in prefs.values()])  # [K, N]
-  agree = 1.0 - np.abs(p[:, None, :] - p[None, :, :])  # [K, K, N]
+  agree = _agree(p[:, None, :], p[None, :, :])  # [K, K, N]
   idx = rng.integers(p.shape[1], size=(n_boot, p.shape[1]))
   boot = np.stack([agree[:, :, i].mean(-1) for i in idx])  # [B, K, K]
   return agree.mean(-1), boot.std(0, ddof=1)

@@ -213,7 +213,7 @@ def plot(exp: experiment.Experiment, path: str) -> None:
 
 def run(config, workdir: str) -> list[dict[str, Any]]:
   exp = experiment.prepare(config, workdir)
-  methods = [m for m in config.eval.methods.split(",") if m]
+  methods = [m.strip() for m in config.eval.methods.split(",") if m.strip()]
   if not methods:
     raise ConfigError("eval.methods is empty")
   rows = table(exp, methods)

@@ -1,8 +1,9 @@
 """Win-rates with error bars, the way AlpacaFarm reports them, and a paired test between methods.
 
 A method's outputs and the reference outputs on the same prompts go to an annotator (the evaluation
-pool by default), which sees them in a random order; a win counts 1, a tie 1/2
-(`feedback.annotators.wins_against`). Reported: the mean, its standard error, a
+pool by default), which sees them in a random order; a win counts 1, and an output identical to its
+reference 1/2, as AlpacaEval counts it (`feedback.annotators.wins_against`; the annotator's own ties
+are coin flips). Reported: the mean, its standard error, a
 percentile-bootstrap 95% interval, and for two methods judged on the same prompts a paired
 sign-flip permutation test of the difference.
 """

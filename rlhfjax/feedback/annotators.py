@@ -208,5 +208,11 @@ def build(name: str, cfg: Mapping, reward_model: Callable[[], Annotator] | None 
 
 def wins_against(annotator: Annotator, examples: Sequence[pipeline.Tldr], outputs: Sequence[str],
                  references: Sequence[str], rng: np.random.Generator) -> np.ndarray:
-  """1.0 where `annotator` prefers the output over the reference, else 0.0 (AlpacaFarm's win)."""
-  return (np.asarray(annotator.annotate(examples, outputs, references, rng)) == 0).astype(np.float64)
+  """1.0 where `annotator` prefers the output over the reference, else 0.0 (AlpacaFarm's win), and
+  0.5 where the two texts are the same: a draw, as AlpacaEval scores identical outputs, not the
+  coin flip an annotator's own tie is (the annotator still sees every pair, so its random draws
+  do not depend on which pairs tie)."""
+  wins = (np.asarray(annotator.annotate(examples, outputs, references, rng)) == 0).astype(
+      np.float64)
+  wins[np.array([o == r for o, r in zip(outputs, references)], bool)] = 0.5
+  return wins

@@ -128,8 +128,9 @@ def binary(exp: experiment.Experiment, paths: dict[str, str]) -> None:
   for i, (split, path) in enumerate(paths.items()):
     examples = chosen[split]
     (texts,) = sample(exp, params, examples, jax.random.fold_in(key, i), k=1)
-    up = annotators.wins_against(annotator, examples, texts, [e.reference for e in examples],
-                                 np.random.default_rng([exp.config.seed, 13, i]))
+    # A label per sample: preferred to the reference or not (a tie is the annotator's coin flip).
+    up = annotator.annotate(examples, texts, [e.reference for e in examples],
+                            np.random.default_rng([exp.config.seed, 13, i])) == 0
     records.write_binary(path, [
         records.Feedback(completion=t, label=bool(u), annotator=annotator.name, split=split,
                          policy=f"sft-t{c.temperature:g}", batch="label",
