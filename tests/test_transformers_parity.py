@@ -23,6 +23,7 @@ never skip.
 
 import functools
 import importlib.util
+import json
 import os
 
 import jax
@@ -260,3 +261,41 @@ def test_reward_model_exports_as_the_family_sequence_classifier(family, tmp_path
 @functools.partial(jax.jit, static_argnames="cfg")
 def _hidden(params, ids, cfg):
   return transformer.forward(params, ids, cfg)[0]
+
+
+def test_gemma3_with_one_rope_base_exports_its_global_rope_on_local_layers(tmp_path):
+  """rope_local_theta 0: the local layers use the global RoPE, its linear scaling included; the
+  export must say so (it used to write base 10,000 for them)."""
+  model = tiny_hf_model("gemma3_text")
+  model.save_pretrained(str(tmp_path / "src"))
+  params, cfg = hf_checkpoint.load(str(tmp_path / "src"))
+  cfg = cfg.replace(rope_local_theta=0.0)
+  params = jax.tree.map(jnp.asarray, params)
+  out = hf_checkpoint.save(params, cfg, str(tmp_path / "export"))
+  again = transformers.AutoModelForCausalLM.from_pretrained(
+      out, dtype=torch.float32, attn_implementation="eager").eval()
+  assert np.abs(hf_logits(again) - our_logits(params, cfg)).max() <= 1e-4
+
+
+def test_an_exported_reward_model_names_its_pad_in_the_tokenizer_files(tmp_path):
+  """transformers' sequence classifier scores the token before the first `pad_token_id`: the
+  copied tokenizer files must pad with that token, not with their own (often the eos)."""
+  model = tiny_hf_model("llama")
+  model.save_pretrained(str(tmp_path / "src"))
+  params, cfg = hf_checkpoint.load(str(tmp_path / "src"))
+  extra = []
+  for name, meta in (("tokenizer_config.json", {"pad_token": "<|im_end|>", "eos_token":
+                                                "<|im_end|>", "model_max_length": 128}),
+                     ("special_tokens_map.json", {"pad_token": {"content": "<|im_end|>"}})):
+    (tmp_path / name).write_text(json.dumps(meta))
+    extra.append(str(tmp_path / name))
+  head = {"kernel": jnp.zeros(cfg.d_model), "bias": jnp.asarray(0.0)}
+  out = hf_checkpoint.save({"backbone": params, "head": head}, cfg, str(tmp_path / "rm"),
+                           reward_pad_id=0, extra_files=extra, pad_token="<|endoftext|>")
+  written = {n: json.loads((tmp_path / "rm" / n).read_text()) for n in
+             ("tokenizer_config.json", "special_tokens_map.json", "config.json")}
+  assert written["tokenizer_config.json"] == {"pad_token": "<|endoftext|>", "eos_token":
+                                              "<|im_end|>", "model_max_length": 128}
+  assert written["special_tokens_map.json"]["pad_token"] == "<|endoftext|>"
+  assert written["config.json"]["pad_token_id"] == 0
+  assert os.path.isdir(out)

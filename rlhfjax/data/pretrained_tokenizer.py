@@ -97,6 +97,7 @@ class PretrainedTokenizer:
                         if i is not None and i not in self.eos_ids), None)
     if self.pad_id is None:
       raise ConfigError(f"the tokenizer has no pad id distinct from its eos ids {self.eos_ids}")
+    self.pad_token = tok.id_to_token(self.pad_id)  # Named as the pad of an exported reward model.
 
   def _turn_end(self) -> int | None:
     """The special token the chat template closes an assistant turn with, if it has one."""

@@ -396,9 +396,11 @@ def _gemma_hf_config(cfg: ModelConfig, model_type: str) -> dict[str, Any]:
   full_rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
   if cfg.rope_scaling_factor != 1:
     full_rope.update(rope_type="linear", factor=cfg.rope_scaling_factor)
+  # rope_local_theta 0: the local layers use the global RoPE, its scaling included.
+  local_rope = ({"rope_type": "default", "rope_theta": cfg.rope_local_theta}
+                if cfg.rope_local_theta else dict(full_rope))
   rope = full_rope if model_type == "gemma2" else {
-      "full_attention": full_rope,
-      "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta or 1e4}}
+      "full_attention": full_rope, "sliding_attention": local_rope}
   return {"architectures": [GEMMA_TYPES[model_type]], "model_type": model_type,
           "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
           "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
@@ -724,11 +726,15 @@ def _reward_config(cfg: ModelConfig, torch_dtype: str, params: dict, pad_id: int
 
 
 def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = None,
-         reward_pad_id: int | None = None, extra_files: Sequence[str] = ()) -> str:
+         reward_pad_id: int | None = None, extra_files: Sequence[str] = (),
+         pad_token: str | None = None) -> str:
   """Writes `config.json` and `model.safetensors` of `params` to `directory`, atomically.
 
   `params` is a decoder's, or, with `reward_pad_id` (the tokenizer's pad id), a reward model's
-  (`reward_tensors`). `extra_files` (the source model's tokenizer files) are copied beside them.
+  (`reward_tensors`). `extra_files` (the source model's tokenizer files) are copied beside them;
+  `pad_token` (the text of `reward_pad_id`) then becomes their tokenizer's pad token, since
+  transformers' sequence classifiers read the score before the first `pad_token_id` and a tokenizer
+  padding with another token (often its eos) would move the score onto padding.
   The files go to `directory + ".tmp"` first; an existing `directory` is replaced only once they
   are complete. `dtype` casts every tensor (None: each keeps its own). Returns `directory`.
   """
@@ -755,6 +761,8 @@ def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = Non
             metadata={"format": "pt"})  # transformers requires the "pt" format tag.
   for path in extra_files:
     shutil.copyfile(path, os.path.join(tmp, os.path.basename(path)))
+  if reward and pad_token is not None:
+    _set_pad_token(tmp, pad_token)
   if os.path.exists(directory):
     os.replace(directory, old)
     os.replace(tmp, directory)
@@ -762,6 +770,19 @@ def save(params: dict, cfg: ModelConfig, directory: str, dtype: str | None = Non
   else:
     os.replace(tmp, directory)
   return directory
+
+
+def _set_pad_token(directory: str, pad_token: str) -> None:
+  """Names `pad_token` as the pad token of the tokenizer files in `directory` that name one."""
+  for name in ("tokenizer_config.json", "special_tokens_map.json"):
+    path = os.path.join(directory, name)
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding="utf-8") as f:
+      meta = json.load(f)
+    meta["pad_token"] = pad_token
+    with open(path, "w", encoding="utf-8") as f:
+      json.dump(meta, f, indent=2, ensure_ascii=False)
 
 
 def _check_exportable(params: dict, cfg: ModelConfig) -> None:

@@ -64,6 +64,7 @@ def run(config, workdir: str) -> str:
            if os.path.isdir(source) and os.path.exists(os.path.join(source, name))]
   if jax.process_index() == 0:
     hf_checkpoint.save(params, exp.model, directory, c.dtype or None, reward_pad_id=pad_id,
-                       extra_files=extra)
+                       extra_files=extra,
+                       pad_token=getattr(exp.tokenizer, "pad_token", None) if extra else None)
   metrics_lib.info(f"exported {c.model} to {directory}")
   return directory
