@@ -97,7 +97,11 @@ class SampleOutput(NamedTuple):
 
 def truncate(logits: jax.Array, top_k: int, top_p: float | jax.Array) -> jax.Array:
   """Sets logits outside the top-k and outside the top-p nucleus to -inf (the top token survives).
-  A number `top_p` of 1.0 or more skips the nucleus; a traced `top_p` always computes it."""
+  The nucleus keeps each token whose higher-ranked tokens hold less than `top_p` of the mass (the
+  token that crosses `top_p` stays, as in transformers' `TopPLogitsWarper`); tokens tied with the
+  last one kept stay too, where transformers keeps whichever its sort puts first (top-k keeps ties
+  the same way, as transformers does). A number `top_p` of 1.0 or more skips the nucleus; a traced
+  `top_p` always computes it."""
   if top_k > 0:
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, _NEG_INF, logits)
