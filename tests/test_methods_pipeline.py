@@ -178,6 +178,16 @@ def test_feedme_and_reward_conditioning(tiny_pipeline):
     for row, text in ((i, chosen[i]), (3 + i, rejected[i])):
       expected = formats.response_tokens(tok, text, config.format.response_len)
       assert data["response"][row][data["response_mask"][row]].tolist() == expected
+  # The KL a conditioned method reports is to SFT answering the plain post: SFT itself after the
+  # control line is not SFT's sampler, so its KL is not 0 (it was, with the reference reading the
+  # control line too).
+  import jax  # pylint: disable=g-import-not-at-top
+  from rlhfjax.rollout import engine  # pylint: disable=g-import-not-at-top
+  sft = loaders.load_policy(exp)
+  posts = exp.splits["test"][:8]
+  for control, zero in (("", True), ("Quality: good", False)):
+    _, kl = engine.sample_texts(exp, sft, posts, jax.random.key(0), 1.0, 8, sft, control=control)
+    assert (abs(float(kl.mean())) < 1e-6) == zero, (control, kl)
 
 
 def test_quark_pool_and_loss(tiny_pipeline):

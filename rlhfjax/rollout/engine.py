@@ -197,10 +197,13 @@ def log_completions(path: str, step: int, examples: Sequence[Any], texts: Sequen
       for i, (e, t) in enumerate(zip(examples, texts, strict=True))])
 
 
-def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, cfg: ModelConfig,
-        temperature: float) -> jax.Array:
+def _kl(params: Any, ref_params: Any, batch: pipeline.Batch, ref_prompt: pipeline.Batch,
+        cfg: ModelConfig, temperature: float) -> jax.Array:
+  """Σ_t log π(y_t) − log π_ref(y_t) [B] of the sampled `batch`, the reference reading the
+  responses after `ref_prompt` (its `prompt`, `prompt_mask`)."""
   return (policy.response_logprobs(params, batch, cfg, temperature=temperature)
-          - policy.response_logprobs(ref_params, batch, cfg, temperature=temperature)).sum(-1)
+          - policy.response_logprobs(ref_params, {**batch, **ref_prompt}, cfg,
+                                     temperature=temperature)).sum(-1)
 
 
 _kl_fn = jax.jit(_kl, static_argnames=("cfg", "temperature"))
@@ -211,20 +214,24 @@ def sample_texts(exp: experiment.Experiment, params: Any, examples: Sequence[pip
                  top_k: int = 0, top_p: float = 1.0,
                  control: str = "") -> tuple[list[str], np.ndarray | None]:
   """One response per example, and (with `ref_params`) each sample's KL estimate to the reference
-  (only meaningful without top-k/top-p truncation). A `control` code goes before each prompt
-  (the reference then sees the same prompt)."""
-  prompts = pipeline.encode_prompts(exp.tokenizer, examples, exp.config.format.prompt_len,
-                                    [control] * len(examples))
+  (only meaningful without top-k/top-p truncation). A `control` code goes before each prompt the
+  policy reads; the reference reads the plain prompt, so the KL is to the reference's own sampler
+  (SFT answering the post), as best-of-N's analytic KL is."""
+  plen = exp.config.format.prompt_len
+  prompts = pipeline.encode_prompts(exp.tokenizer, examples, plen, [control] * len(examples))
+  plain = pipeline.encode_prompts(exp.tokenizer, examples, plen) if control else prompts
   texts, kls = [], []
   batches = metrics.progress(pipeline.fixed_batches(prompts, batch_size),
                              -(-len(examples) // batch_size), "sampling", "batch")
   sampler = rollout_params(exp, params, batch_size)  # One copy for every batch.
-  for i, (b, n) in enumerate(batches):
+  for i, ((b, n), (p, _)) in enumerate(zip(batches, pipeline.fixed_batches(plain, batch_size))):
     batch = sample_batch(sampler, b, jax.random.fold_in(rng, i), exp, temperature, top_k, top_p)
     texts += decode(exp, batch["response"])[:n]
     if ref_params is not None:
       batch = {key: to_host(v) for key, v in batch.items() if key != "sampler_logprobs"}
-      kls.append(to_host(_kl_fn(params, ref_params, batch, exp.model, temperature))[:n])
+      ref_prompt = {"prompt": p["prompt"], "prompt_mask": p["prompt_mask"]}
+      kls.append(to_host(_kl_fn(params, ref_params, batch, ref_prompt, exp.model,
+                                temperature))[:n])
   return texts, (np.concatenate(kls) if kls else None)
 
 
