@@ -17,6 +17,7 @@ from rlhfjax.algorithms import grpo
 from rlhfjax.algorithms import ppo
 from rlhfjax.data import formats
 from rlhfjax import main
+from rlhfjax.errors import ConfigError
 from rlhfjax.parallel import rollout as parallel_rollout
 from rlhfjax.rollout import engine
 from rlhfjax.rollout import heldout
@@ -89,6 +90,17 @@ def test_best_of_n_curve(tiny_pipeline):
   with open(f"{workdir}/best_of_n/outputs.json") as f:
     stored = json.load(f)
   assert stored["n"] == 4 and len(stored["outputs"]) == config.eval.num_examples
+
+
+@pytest.mark.parametrize("task", ["best_of_n", "expert_iteration"])
+def test_best_of_n_refuses_greedy_sampling(tiny_pipeline, tmp_path, task):
+  """At temperature 0 the n samples are one answer n times, yet the curve would report best-of-n's
+  KL: refused before anything runs (the config ties these temperatures to eval.temperature)."""
+  changed = tiny_pipeline[0].copy_and_resolve_references()
+  changed.task, changed[task].temperature = task, 0.0
+  with pytest.raises(ConfigError, match=f"{task}.temperature must be > 0, got 0.0"):
+    main.run(changed, str(tmp_path / "w"))
+  assert not os.path.exists(tmp_path / "w" / task)
 
 
 def test_expert_iteration_trains_on_the_winners(tiny_pipeline):
@@ -181,13 +193,17 @@ def test_feedme_and_reward_conditioning(tiny_pipeline):
   # The KL a conditioned method reports is to SFT answering the plain post: SFT itself after the
   # control line is not SFT's sampler, so its KL is not 0 (it was, with the reference reading the
   # control line too).
-  import jax  # pylint: disable=g-import-not-at-top
-  from rlhfjax.rollout import engine  # pylint: disable=g-import-not-at-top
   sft = loaders.load_policy(exp)
   posts = exp.splits["test"][:8]
   for control, zero in (("", True), ("Quality: good", False)):
     _, kl = engine.sample_texts(exp, sft, posts, jax.random.key(0), 1.0, 8, sft, control=control)
     assert (abs(float(kl.mean())) < 1e-6) == zero, (control, kl)
+  # A finished FeedME run is not resumed on other data (a relabelled comparisons file): its
+  # checkpoints record the data's digest, which no config key names.
+  from rlhfjax.algorithms import sft as sft_lib  # pylint: disable=g-import-not-at-top
+  other = {k: v[::-1].copy() for k, v in data.items()}
+  with pytest.raises(ConfigError, match=r"another configuration \(training_data\)"):
+    sft_lib.train(exp, "feedme", other, sft)
 
 
 def test_quark_pool_and_loss(tiny_pipeline):

@@ -60,11 +60,20 @@ def powers_of_two(n: int) -> list[int]:
   return [2 ** i for i in range(int(math.log2(n)) + 1)]
 
 
+def check_temperature(task: str, temperature: float) -> None:
+  """Best of n needs n different samples: greedy decoding (temperature 0) gives n copies of one."""
+  if not temperature > 0:
+    raise ConfigError(f"{task}.temperature must be > 0, got {temperature!r}: at 0 (greedy) the n "
+                      f"samples are one answer n times (the config file ties {task}.temperature "
+                      "to eval.temperature; set it on its own)")
+
+
 def run(config, workdir: str) -> dict[str, Any]:
-  exp = experiment.prepare(config, workdir)
   c = config.best_of_n
   if c.n < 1 or c.n & (c.n - 1):
     raise ConfigError(f"best_of_n.n must be a power of two >= 1, got {c.n}")
+  check_temperature("best_of_n", c.temperature)
+  exp = experiment.prepare(config, workdir)
   sft_params = loaders.load_policy(exp)
   reward_fn = rewards.training_reward(exp)
   examples = outputs.test_examples(exp)

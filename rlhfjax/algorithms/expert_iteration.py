@@ -54,6 +54,7 @@ def winners(exp: experiment.Experiment, sft_params: Any) -> list[pipeline.Tldr]:
 
 
 def run(config, workdir: str) -> Any:
+  best_of_n.check_temperature(TASK, config[TASK].temperature)
   exp = experiment.prepare(config, workdir)
   sft_params = loaders.load_policy(exp)
   fmt = config.format

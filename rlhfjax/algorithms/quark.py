@@ -103,8 +103,9 @@ def run(config, workdir: str) -> Any:
   task_dir = exp.task_dir("quark")
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", 1, config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  meta = {"model": dataclasses.asdict(exp.model), "quark": c.to_dict(), **exp.lora_meta("policy"),
-          **exp.remat_meta("policy")}
+  meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
+          "data": config.data.to_dict(), "quark": c.to_dict(),
+          **exp.lora_meta("policy"), **exp.remat_meta("policy")}
   state = loop.restore_if_any(ckpt, state, meta)
 
   def one_round(state, r):

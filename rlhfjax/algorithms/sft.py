@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Any
 
 import jax
@@ -76,6 +77,16 @@ def program(exp: experiment.Experiment, task: str = "sft") -> program_lib.Progra
   return program_lib.Program(step, (state, batch, program_lib.key(par)), state, shardings, tx)
 
 
+def data_digest(data: pipeline.Batch) -> str:
+  """A short SHA-256 of a batch's arrays (names, shapes, dtypes and bytes), in name order."""
+  h = hashlib.sha256()
+  for name in sorted(data):
+    a = np.ascontiguousarray(np.asarray(data[name]))
+    h.update(f"{name}:{a.dtype}:{a.shape};".encode())
+    h.update(a.tobytes())
+  return h.hexdigest()[:16]
+
+
 def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | None = None,
           init_params: Any = None) -> TrainState:
   """Trains (or resumes) supervised fine-tuning in `<workdir>/<task>` and returns the final state.
@@ -118,9 +129,11 @@ def train(exp: experiment.Experiment, task: str = "sft", data: pipeline.Batch | 
   ckpt = checkpoint.Checkpointer(f"{task_dir}/checkpoints", config.checkpoint.every,
                                  config.checkpoint.keep)
   writer = metrics_lib.MetricWriter(task_dir, "metrics")
-  # What determines the trained parameters; resuming under other values is refused.
+  # What determines the trained parameters; resuming under other values is refused. The data's
+  # digest catches what the config does not name: a relabelled comparisons file (FeedME, reward
+  # conditioning), new best-of-n winners (expert iteration), an edited train file.
   meta = {"model": dataclasses.asdict(exp.model), "format": config.format.to_dict(),
-          "data": config.data.to_dict(),
+          "data": config.data.to_dict(), "training_data": data_digest(data),
           task: {k: v for k, v in c.items()
                  if k not in ("log_every", "eval_every", "eval_batches")},
           **exp.lora_meta(kind), **exp.remat_meta(kind)}
