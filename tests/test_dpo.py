@@ -139,6 +139,9 @@ def test_dpo_task_writes_outputs(tiny_pipeline):
   changed.dpo.loss_type = "kto"
   with pytest.raises(Exception, match="dpo.loss_type"):
     main.run(changed, workdir)
+  changed.dpo.update(loss_type="ipo", label_smoothing=0.1)  # TRL only warns.
+  with pytest.raises(Exception, match=r"dpo.label_smoothing \(0.1\) has no meaning for IPO"):
+    main.run(changed, workdir)
 
 
 def test_simpo_task_writes_outputs_and_trl_metrics(tiny_pipeline):

@@ -154,6 +154,9 @@ def train(exp: experiment.Experiment, task: str = "dpo") -> TrainState:
   config, c, fmt = exp.config, exp.config[task], exp.config.format
   if c.loss_type not in LOSSES:
     raise ConfigError(f"{task}.loss_type must be one of {LOSSES}, got {c.loss_type!r}")
+  if c.loss_type == "ipo" and c.label_smoothing > 0:
+    raise ConfigError(f"{task}.label_smoothing ({c.label_smoothing}) has no meaning for IPO's "
+                      f"squared loss ({task}.loss_type='ipo'); set it to 0")
   files = loaders.comparison_files(exp)
   comps = loaders.load_comparisons(files["train"], config.rm.layout,
                                    columns=loaders.columns(exp))

@@ -67,10 +67,12 @@ LIKELIHOOD = heads.LIKELIHOOD
 
 
 def bradley_terry(r_chosen: jax.Array, r_rejected: jax.Array) -> dict[str, jax.Array]:
-  """Mean Bradley–Terry loss `-log σ(r_c - r_r)`, accuracy (r_c > r_r) and mean margin."""
+  """Mean Bradley–Terry loss `-log σ(r_c - r_r)`, accuracy (r_c > r_r; an exact tie, as a pair of
+  identical texts gets, counts 1/2 as in `evaluation.agreement`) and mean margin."""
   margin = r_chosen - r_rejected
-  return {"loss": -jax.nn.log_sigmoid(margin).mean(),
-          "accuracy": (margin > 0).astype(jnp.float32).mean(), "margin": margin.mean()}
+  right = (margin > 0).astype(jnp.float32) + 0.5 * (margin == 0).astype(jnp.float32)
+  return {"loss": -jax.nn.log_sigmoid(margin).mean(), "accuracy": right.mean(),
+          "margin": margin.mean()}
 
 
 CONTRAST = "contrast_"  # Batch keys of the label-free contrastive pairs (`feedback.contrast`).
