@@ -49,6 +49,21 @@ def too_few(prompts, completions, completion_ids, **columns):
 
 def nan(prompts, completions, completion_ids, **columns):
     return [float("nan")] * len(completions)
+
+
+def as_arrays(prompts, completions, completion_ids, **columns):
+    import jax.numpy as jnp
+    import numpy as np
+    return [jnp.float32(0.5), np.float64(1.5), True, jnp.asarray([2.0, 3.0])[1]]
+
+
+def as_array(prompts, completions, completion_ids, **columns):
+    import jax.numpy as jnp
+    return jnp.asarray([c == "b" for c in completions])
+
+
+def text(prompts, completions, completion_ids, **columns):
+    return ["1.0"] * len(completions)
 '''
 
 
@@ -108,6 +123,18 @@ def test_failures_name_the_function_and_the_example(functions_file):
   with pytest.raises(reward_functions.RewardFunctionError, match=r"'nan' .* returned nan for "
                                                                  r"example 0 \(id 'q0'\)"):
     reward_functions.evaluate(load("nan"), _examples(2), ["a", "b"], [[1]] * 2)
+  with pytest.raises(reward_functions.RewardFunctionError, match=r"'text' .* returned '1.0' \(not "
+                                                                 r"a number or None\)"):
+    reward_functions.evaluate(load("text"), _examples(2), ["a", "b"], [[1]] * 2)
+
+
+def test_numpy_and_jax_numbers_and_bools_are_numbers(functions_file):
+  """What TRL's `torch.tensor` would read: NumPy and JAX scalars, 0-d arrays, bools, an array."""
+  load = lambda name: reward_functions.load({**BLOCK, "functions": f"{functions_file}:{name}"})
+  total, _ = reward_functions.evaluate(load("as_arrays"), _examples(4), list("abcd"), [[1]] * 4)
+  np.testing.assert_allclose(total, [0.5, 1.5, 1.0, 3.0])
+  total, _ = reward_functions.evaluate(load("as_array"), _examples(3), list("abc"), [[1]] * 3)
+  np.testing.assert_allclose(total, [0.0, 1.0, 0.0])
 
 
 def test_config_errors(functions_file):

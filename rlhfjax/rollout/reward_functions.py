@@ -10,7 +10,10 @@ batch with keywords, as TRL calls its reward functions:
 record); `completions` the decoded responses (text; `[{"role": "assistant", "content": ...}]` after
 a conversational prompt); `completion_ids` the response tokens before eos; `columns` every other
 field of the examples as lists (a TRL file's extra columns: an answer, a test; the simulated
-world's post fields). It returns one float per completion, or None where it has nothing to say.
+world's post fields). It returns one number per completion (a float, an int or a bool, NumPy's
+or JAX's too, or an array of them), or None where it has nothing to say. Where the completions
+were decoded from samples kept only as text (best-of-N, expert iteration, pass@k, the held-out
+score), `completion_ids` are that text encoded again.
 
 The reward of a completion is the weighted sum of the functions' values, None counting 0 (TRL's
 `nansum`), plus `reward.model_weight` times the reward model's score (0: no reward model at all,
@@ -168,7 +171,7 @@ def evaluate(functions: Sequence[RewardFunction], examples: Sequence[Any],
     for i, v in enumerate(got):
       if v is None:
         continue
-      if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+      if not _is_number(v):
         raise RewardFunctionError(f"reward function {f.name!r} ({f.ref}) returned {v!r} (not a "
                                   f"number or None) for {_example_id(examples[i], i)}")
       if not math.isfinite(float(v)):
@@ -178,6 +181,18 @@ def evaluate(functions: Sequence[RewardFunction], examples: Sequence[Any],
     values[f.name] = out
     total += f.weight * np.nan_to_num(out, nan=0.0)
   return total.astype(np.float32), values
+
+
+def _is_number(v: Any) -> bool:
+  """A Python, NumPy or JAX real number or bool (True 1, False 0: TRL's `torch.tensor` reads
+  them so), or a 0-d array of one: what a function may return per completion, an array of them
+  included (each element is a 0-d array)."""
+  if isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)):
+    return True
+  dtype = getattr(v, "dtype", None)
+  return (dtype is not None and getattr(v, "ndim", None) == 0 and
+          (np.issubdtype(dtype, np.number) or np.issubdtype(dtype, np.bool_)) and
+          not np.issubdtype(dtype, np.complexfloating))
 
 
 def statistics(values: Mapping[str, np.ndarray]) -> dict[str, float]:
