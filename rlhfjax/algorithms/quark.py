@@ -1,4 +1,9 @@
-"""Quark (task=quark; Lu et al. 2022), the top-quantile variant AlpacaFarm evaluates.
+"""Quark (task=quark; Lu et al. 2022) as AlpacaFarm runs it, the pool cut to its top quantile.
+
+Two differences from AlpacaFarm's code (`train_on_best_quantile`): there, no reward token is used
+at all (the pool's queries are decoded without it), where here the best bin's control line
+conditions sampling, training and evaluation, round 0 included (SFT has never seen it); and
+AlpacaFarm's `num_reward_tokens` default is 4 bins, here `num_bins` 5.
 
 Each round: the current policy answers `prompts_per_round` unlabeled prompts after the `control`
 code (the reward token of the best bin), at `temperature`; the reward model scores the answers; the

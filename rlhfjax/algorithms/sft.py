@@ -20,8 +20,8 @@ import numpy as np
 import optax
 
 from rlhfjax import rng_streams
-from rlhfjax.errors import DataError
 from rlhfjax.data import pipeline
+from rlhfjax.errors import DataError
 from rlhfjax.models import lora
 from rlhfjax.models import policy
 from rlhfjax.models import pretrained
