@@ -87,13 +87,13 @@ class Experiment:
 def check_pass_at_k(e: Any) -> None:
   """`eval.pass_k` > 0 counts right answers by one function, `eval.correct`: named before any
   training, not after it when the answers are judged."""
-  if int(e.get("pass_k", 0) or 0) <= 0:
+  if int(e.pass_k) <= 0:
     return
-  refs = [r.strip() for r in str(e.get("correct", "") or "").split(",") if r.strip()]
+  refs = [r.strip() for r in str(e.correct).split(",") if r.strip()]
   if len(refs) != 1:
-    raise ConfigError(f"eval.pass_k={e['pass_k']} needs eval.correct: one reward function "
+    raise ConfigError(f"eval.pass_k={e.pass_k} needs eval.correct: one reward function "
                       "('module:function') that returns 1.0 for a right answer; got "
-                      f"{len(refs)} ({e.get('correct', '')!r})")
+                      f"{len(refs)} ({e.correct!r})")
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
@@ -131,7 +131,7 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Experiment:
     raise ConfigError(f"model.vocab_size is {model.vocab_size} but the tokenizer has "
                      f"{tok.vocab_size} pieces; set --config.model.vocab_size={tok.vocab_size}")
   remat_policies(config)  # A bad `remat` block is named before any work.
-  check_pass_at_k(config.get("eval", {}))
+  check_pass_at_k(config.eval)
   # So is a bad `rollout` block.
   trainer, sampler = placement.split(config.rollout)
   placement.check_staleness(config.rollout)
