@@ -6,10 +6,13 @@ taken from the authors' miner (github.com/sajastu/reddit_collector):
 
 - A TL;DR keyword is a word that starts with "TL" and ends with "DR" with up to three characters
   between, in any case ("tl;dr", "TL;DR:", "tl dr", "TLDR", "Tl,dr", "tl/dr", ...), as a whole word:
-  not inside another word ("untldr", "bottle;dr"). The text before the first keyword is the post,
-  the text after it the TL;DR. Both submissions (`selftext`) and comments (`body`) are mined;
+  not inside another word ("untldr", "bottle;dr"), a subreddit or user link ("r/tldr"), a hashtag
+  or a domain ("tldr.tech"); "tldr;dr" is one keyword. The text before the last keyword is the
+  post, the text after it the TL;DR (the authors' miner splits at the first, so that "sorry, tl;dr
+  at the bottom ... TL;DR: ..." gave a TL;DR holding half the post). Both submissions (`selftext`) and comments (`body`) are mined;
   deleted, removed and empty texts are skipped.
-- Both parts are cleaned (`clean_text`): HTML entities decoded (Pushshift escapes `&`, `<`, `>`),
+- Both parts are cleaned (`clean_text`): HTML entities decoded (Pushshift escapes `&`, `<`, `>`,
+  the `&` of an entity such as `&nbsp;` included), Reddit's backslash escapes kept as the characters,
   markdown links reduced to their text, URLs removed, markdown markup (headings, quotes, list
   markers, rules, emphasis, code, superscript) removed, zero-width characters removed, whitespace
   collapsed to single spaces; separators between the keyword and the text (": ", " - ", ...) are
@@ -59,7 +62,13 @@ if TYPE_CHECKING:
 HQ_THRESHOLD = 0.22  # TLDRHQ: mean of ROUGE-2 and ROUGE-L F1 of the oracle sentence.
 REASONS = ("deleted", "no_keyword", "short_post", "short_tldr", "tldr_not_shorter", "kept")
 
-TLDR_KEYWORD = re.compile(r"(?<!\w)tl.{0,3}?dr(?!\w)", re.IGNORECASE | re.DOTALL)
+# Not inside a word, a subreddit or user link ("r/tldr"), a hashtag or a domain ("tldr.tech"); a
+# doubled "tldr;dr" is one keyword.
+TLDR_KEYWORD = re.compile(r"(?<![\w/#])tl.{0,3}?dr(?:[;:]dr)?(?!\w|\.\w)",
+                          re.IGNORECASE | re.DOTALL)
+# The version of the mining rules, in every part's note: parts mined under other rules are mined
+# again.
+RULES = 2
 # A quick test that `extract` runs before cleaning: a text with a keyword after cleaning already
 # has "tl" with no letter or digit before it (cleaning never deletes a letter in front of a word it
 # keeps; it may delete an underscore, so one is allowed there).
@@ -69,7 +78,11 @@ _MD_LINK = re.compile(r"\[([^\]\n]*)\]\([^)\n]*\)")
 _URL = re.compile(r"(?:https?://|www\.)\S+", re.IGNORECASE)
 _RULE = re.compile(r"^[ \t]*(?:[-*_][ \t]*){3,}$", re.MULTILINE)
 _LINE_MARK = re.compile(r"^[ \t]*(?:>[> \t]*|(?:#{1,6}|[*+-]|\d{1,3}[.)])[ \t]+)", re.MULTILINE)
-_MARKUP = re.compile(r"\*+|~~|`+|\^|(?<!\w)_+|_+(?!\w)")
+_MARKUP = re.compile(r"\*+(?=\S)|(?<=\S)\*+|~~|`+|\^|(?<!\w)_+|_+(?!\w)")
+# Reddit's backslash escapes of markdown characters: the character stays, as text.
+_ESCAPED = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|~^>])")
+_HIDE = {c: chr(0xE000 + i) for i, c in enumerate("\\`*_{}[]()#+-.!|~^>")}  # Private use.
+_SHOW = str.maketrans({v: k for k, v in _HIDE.items()})
 _INVISIBLE = re.compile("[\u200b\u200c\u200d\u2060\ufeff]|&#x200[bB];")
 _SURROGATE = re.compile("[\ud800-\udfff]")  # From unpaired JSON escapes; UTF-8 cannot hold them.
 _SPACE = re.compile(r"\s+")
@@ -93,20 +106,24 @@ def words(text: str) -> list[str]:
 
 def clean_text(text: str) -> str:
   """Reddit markdown as plain text on one line: no URLs, markup, entities, zero-width characters."""
-  text = html.unescape(text)
+  text = html.unescape(html.unescape(text))  # Pushshift escapes "&" in "&nbsp;" too.
+  text = _ESCAPED.sub(lambda m: _HIDE[m.group(1)], text)
   text = _MD_LINK.sub(r"\1", text)
   text = _URL.sub(" ", text)
   text = _RULE.sub(" ", text)
   text = _LINE_MARK.sub("", text)
   text = _MARKUP.sub("", text)
   text = _INVISIBLE.sub("", text)
-  text = _SURROGATE.sub("\ufffd", text)
+  text = _SURROGATE.sub("\ufffd", text).translate(_SHOW)
   return _SPACE.sub(" ", text).strip()
 
 
 def split_tldr(text: str) -> tuple[str, str] | None:
-  """(post, TL;DR) of a cleaned text around its first TL;DR keyword; None when it has none."""
-  m = TLDR_KEYWORD.search(text)
+  """(post, TL;DR) of a cleaned text around its last TL;DR keyword; None when it has none. The
+  last, not the first: an earlier one often points to it ("tl;dr at the bottom")."""
+  m = None
+  for m in TLDR_KEYWORD.finditer(text):
+    pass
   if m is None:
     return None
   return text[:m.start()].rstrip(_POST_TAIL), text[m.end():].lstrip(_TLDR_HEAD)
@@ -147,7 +164,8 @@ def _finished(part: str, note: str, size: int, config: MiningConfig) -> dict | N
     return None
   with open(note, encoding="utf-8") as f:
     summary = json.load(f)
-  if summary.get("size") != size or summary.get("config") != dataclasses.asdict(config):
+  if summary.get("size") != size or summary.get("config") != dataclasses.asdict(config) or \
+     summary.get("rules") != RULES:
     return None
   return summary
 
@@ -171,12 +189,15 @@ def _mine_file(path: str, part: str, note: str, config: MiningConfig) -> dict:
         f"{e}. The {counts['kept']} pairs mined from it before the error are in {part}.partial; "
         f"the pairs of the inputs finished before it are in {os.path.dirname(part)}/. Replace or "
         f"leave out this input and rerun: finished inputs are not mined again.") from e
-  summary = {"input": source, "size": os.path.getsize(path), "config": dataclasses.asdict(config),
+  summary = {"input": source, "size": os.path.getsize(path), "rules": RULES,
+             "config": dataclasses.asdict(config),
              "counts": counts, "lines": report.lines, "bad_count": report.bad_count,
              "bad_lines": report.bad_lines, "replaced_bytes": report.replaced_bytes,
              "replaced_lines": report.replaced_lines}
-  _write_json(note, summary)
+  # The part first, then its note: a run stopped between the two finds an old note that does not
+  # match, and mines the input again, never an old part under a new note.
   os.replace(f"{part}.tmp", part)
+  _write_json(note, summary)
   if os.path.exists(f"{part}.partial"):  # Left by an earlier, failed attempt at this input.
     os.remove(f"{part}.partial")
   return summary
