@@ -778,10 +778,16 @@ def test_markup_in_the_data_is_text(tmp_path, browser, monkeypatch):
     site.stop()
 
 
-def _pending(driver, site, name: str, database: str | None = None):
-  """The label the browser keeps for `name` on the site's database (or another's)."""
-  return driver.execute_script("return localStorage.getItem(arguments[0]);",
-                               f"rlhfjax-pending-label:{database or site.store.database}:{name}")
+def _pending(driver, site, name: str, database: str | None = None) -> list | None:
+  """The labels the browser keeps for `name` on the site's database (or another's), oldest first;
+  None when it keeps none."""
+  raw = driver.execute_script("return localStorage.getItem(arguments[0]);",
+                              f"rlhfjax-pending-label:{database or site.store.database}:{name}")
+  if raw is None:
+    return None
+  entries = json.loads(raw)
+  entries = [entries] if "payload" in entries else list(entries.values())  # One: an older page's.
+  return sorted(entries, key=lambda e: e.get("kept", 0))
 
 
 def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monkeypatch):
@@ -801,7 +807,7 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     _keys(driver, Keys.ENTER)
     _wait(driver, lambda s: "Signed out" in (s["status"] or ""), "the signed-out notice", 5)
     _wait(driver, lambda s: s["path"] == "/login", "the sign-in page", 5)
-    kept = json.loads(_pending(driver, site, "ada"))
+    [kept] = _pending(driver, site, "ada")
     assert kept["assignment"] == first["assignment"] and kept["payload"]["answers"] == answers
     assert not site.labels.rows()
 
@@ -809,7 +815,7 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     # assignment), is dropped, the refusal said.
     _sign_in(driver, site.links["bob"])
     bob = _wait(driver, lambda s: s["assignment"], "Bob's page")
-    assert bob["status"] == "" and json.loads(_pending(driver, site, "ada")) == kept
+    assert bob["status"] == "" and _pending(driver, site, "ada") == [kept]
     mine = f"rlhfjax-pending-label:{site.store.database}:bob"
     driver.execute_script("localStorage.setItem(arguments[0], '{damaged');", mine)
     driver.refresh()
@@ -839,6 +845,44 @@ def test_label_after_the_session_ended_is_kept_and_sent(tmp_path, browser, monke
     assert _pending(driver, site, "ada") is None
     _check_label(site.labels, first["assignment"], answers)
     assert len(site.labels.rows()) == 1 and state["checked"] == {}
+  finally:
+    site.stop()
+
+
+def test_two_tabs_each_keep_their_label_until_it_is_stored(tmp_path, browser, monkeypatch):
+  """Two tabs of one labeler, each submitting after the session expired: the browser keeps both
+  labels (it kept one slot, so the second replaced the first, which was lost), and after signing
+  in again each is stored once on its own pair, the oldest first."""
+  site = SmallSite(str(tmp_path), [_pair(0), _pair(1), _pair(2)], {"ada": False}, monkeypatch)
+  try:
+    driver = browser
+    _sign_in(driver, site.links["ada"])
+    first = _wait(driver, lambda s: s["assignment"], "Ada's first pair")
+    _label_by_keyboard(driver, dict(zip(FIELDS, "827364517")))
+    second = _wait(driver, lambda s: s["assignment"] not in (None, first["assignment"]),
+                   "Ada's second pair")
+    tab_a = driver.current_window_handle
+    driver.switch_to.new_window("tab")  # Tab B changes her first label.
+    driver.get(f"{site.base}/label/{first['assignment']}")
+    _wait(driver, lambda s: s["assignment"] == first["assignment"], "the first pair in tab B")
+    site.end_sessions()
+    answers_a, answers_b = dict(zip(FIELDS, "235476123")), dict(zip(FIELDS, "746253471"))
+    driver.switch_to.window(tab_a)
+    _label_by_keyboard(driver, answers_a)
+    _wait(driver, lambda s: s["path"] == "/login", "tab A at the sign-in page", 5)
+    driver.switch_to.window([h for h in driver.window_handles if h != tab_a][0])
+    # Every question is answered here already: a digit answers the highlighted one, the arrow
+    # moves on.
+    _keys(driver, *(k for f in FIELDS for k in (answers_b[f], Keys.ARROW_DOWN)), Keys.ENTER)
+    _wait(driver, lambda s: s["path"] == "/login", "tab B at the sign-in page", 5)
+    kept = _pending(driver, site, "ada")
+    assert [k["assignment"] for k in kept] == [second["assignment"], first["assignment"]]
+    _sign_in(driver, site.link("ada"))  # Sends tab A's label; the page after it, tab B's.
+    _wait(driver, lambda s: s["assignment"] and _pending(driver, site, "ada") is None,
+          "both kept labels sent", 15)
+    _check_label(site.labels, second["assignment"], answers_a)
+    _check_label(site.labels, first["assignment"], answers_b, revisions=1)
+    assert len(site.labels.rows()) == 2
   finally:
     site.stop()
 

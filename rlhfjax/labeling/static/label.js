@@ -1,6 +1,7 @@
 // The labeling page: keyboard shortcuts, and a submission that is retried until the server says it
-// is stored. The submission waits in localStorage (one entry per labeler) until then and is sent
-// again after a reload, with the same id, so the server stores it once. It is thrown away only
+// is stored. The submission waits in localStorage until then (each of the labeler's tabs may keep
+// one: they are kept by submission id, side by side) and is sent again after a reload, the oldest
+// first, with the same id, so the server stores it once. It is thrown away only
 // when the server refuses the answer itself (invalid, or not this labeler's assignment): a
 // refusal about the session (signed out, or a CSRF token from before signing in again) keeps it.
 // Each submission names the pair (its id and its texts' hash, uid) and the left/right order it was
@@ -9,15 +10,15 @@
 // label last changed (another tab's) cannot replace it. What the browser keeps is keyed by the
 // labeling database's own id as well as the labeler: databases served one after another at the
 // same address (a pilot, then the real round) each get their own, sent only to that database.
-// Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, for this
-// assignment, pair and order only.
+// Answers not yet submitted (and a flag's comment) are kept as a draft across reloads, one per
+// assignment, brought back for that assignment, pair and order only.
 (function () {
   "use strict";
   const form = document.getElementById("label-form");
   if (!form) return;
   const owner = `${form.dataset.database || ""}:${form.dataset.labeler || ""}`;
   const PENDING = `rlhfjax-pending-label:${owner}`;
-  const DRAFT = `rlhfjax-draft:${owner}`;
+  const DRAFT = `rlhfjax-draft:${owner}:${form.dataset.assignment}`;
   const here = {assignment: form.dataset.assignment, pair: Number(form.dataset.pair),
                 swapped: Number(form.dataset.swapped), uid: form.dataset.uid};
   const RETRY = new Set([408, 425, 429]);  // Refusals that may pass later; 5xx too.
@@ -74,15 +75,54 @@
     }
   }
 
-  function keep(pending) { store(PENDING, pending); }
+  // A kept submission as this page can send it (a damaged one has nothing to resend).
+  function sendable(entry) {
+    const p = entry && entry.payload;
+    return Boolean(entry && typeof entry === "object" &&
+                   /^[0-9]+$/.test(String(entry.assignment)) && p && typeof p === "object" &&
+                   typeof p.csrf === "string" && typeof p.submission === "string" &&
+                   p.answers && typeof p.answers === "object");
+  }
 
-  // Forgets the kept submission, if it is this one: another tab of the same labeler may have
-  // kept its own since (the slot holds one), which must stay until that tab has sent it.
-  function forget(pending) {
-    const entry = waiting();
-    if (entry && entry.payload.submission === pending.payload.submission) {
+  // The labeler's kept submissions by id; damaged entries are removed. (A page of an earlier
+  // version kept a single entry in the same place: it is read as one.)
+  function kept() {
+    let raw;
+    try {
+      raw = JSON.parse(localStorage.getItem(PENDING) || "null");
+    } catch (err) {
+      raw = undefined;
+    }
+    if (raw === null) return {};
+    const entries = raw && typeof raw === "object" ? (raw.payload ? [raw] : Object.values(raw)) : [];
+    const out = {};
+    entries.forEach((entry) => { if (sendable(entry)) out[entry.payload.submission] = entry; });
+    if (!raw || typeof raw !== "object" || raw.payload ||
+        Object.keys(out).length !== entries.length) {
+      save(out);
+    }
+    return out;
+  }
+
+  function save(entries) {
+    if (Object.keys(entries).length) {
+      store(PENDING, entries);
+    } else {
       localStorage.removeItem(PENDING);
     }
+  }
+
+  function keep(pending) {
+    const entries = kept();
+    entries[pending.payload.submission] = pending;
+    save(entries);
+  }
+
+  // Forgets this submission only: another tab's stays until that tab, or a reload, has sent it.
+  function forget(pending) {
+    const entries = kept();
+    delete entries[pending.payload.submission];
+    save(entries);
   }
 
   function checkedAnswers() {
@@ -99,10 +139,7 @@
     store(DRAFT, {...here, answers: checkedAnswers(), comment: comment ? comment.value : ""});
   }
 
-  function dropDraft() {
-    const draft = readDraft();
-    if (draft && draft.assignment === here.assignment) localStorage.removeItem(DRAFT);
-  }
+  function dropDraft() { localStorage.removeItem(DRAFT); }
 
   function readDraft() {
     try {
@@ -138,23 +175,11 @@
     return restored;
   }
 
-  // The labeler's waiting submission, or null; a damaged entry is removed (nothing to resend).
+  // The labeler's oldest kept submission, or null.
   function waiting() {
-    let entry = null;
-    try {
-      entry = JSON.parse(localStorage.getItem(PENDING) || "null");
-    } catch (err) {
-      entry = undefined;
-    }
-    const p = entry && entry.payload;
-    if (entry === null) return null;
-    if (typeof entry !== "object" || !/^[0-9]+$/.test(String(entry.assignment)) ||
-        !p || typeof p !== "object" || typeof p.csrf !== "string" ||
-        typeof p.submission !== "string" || !p.answers || typeof p.answers !== "object") {
-      localStorage.removeItem(PENDING);
-      return null;
-    }
-    return entry;
+    const entries = Object.values(kept());
+    entries.sort((a, b) => (Number(a.kept) || 0) - (Number(b.kept) || 0));
+    return entries.length ? entries[0] : null;
   }
 
   const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -180,7 +205,7 @@
                        `HTTP ${response.status}`;
         if (response.ok) {
           forget(pending);
-          if (pending.assignment === here.assignment) dropDraft();
+          localStorage.removeItem(`rlhfjax-draft:${owner}:${pending.assignment}`);
           if (body.progress) showProgress(body.progress);
           say("Saved.", "saved");
           location.assign(body.status === "revised" ? "/?did=revised" : "/?did=saved");
@@ -235,7 +260,7 @@
       say("Answer every question first.", "failed");
       return;
     }
-    const pending = {assignment: here.assignment, payload: {
+    const pending = {assignment: here.assignment, kept: Date.now(), payload: {
       csrf: csrfNow(), submission: newId(), answers: checkedAnswers(), pair: here.pair,
       uid: here.uid, base: form.dataset.base, swapped: here.swapped,
       seconds: (performance.now() - started) / 1000}};
