@@ -472,8 +472,29 @@ def test_labelers_who_fail_gold_pairs_are_left_out_of_the_export(tmp_path):
   got = records.read_strict(out["train"], "openai") + records.read_strict(out["valid"], "openai")
   assert [c.annotator for c in got] == ["good"]
   assert "Left out of the export" in open(out["agreement"]).read()
-  few = {"new": {"gold_labels": 1.0, "agreement_with_gold": 0.0}}
+  few = {"new": {"gold_labels": 1.0, "gold_judged": 1.0, "agreement_with_gold": 0.0}}
   assert comparisons.unqualified(few, 0.6, 2) == []  # Not judged on one gold answer.
+  # Gold ties have no right answer: five of them leave a labeler not judged, not left out.
+  ties = {"tied": {"gold_labels": 5.0, "gold_judged": 0.0, "agreement_with_gold": float("nan")}}
+  assert comparisons.unqualified(ties, 0.6, 5) == []
+
+
+def test_gold_ties_neither_qualify_nor_disqualify_a_labeler(tmp_path):
+  """A labeler whose gold answers all fell on tie-gold pairs (its agreement with gold undefined)
+  keeps their labels in the export: they were left out before."""
+  s = make_store(tmp_path, n=2, gold=2, k=1, gold_every=1)
+  with s.write() as db:
+    db.execute("UPDATE items SET gold = 0.5 WHERE gold IS NOT NULL")
+  w = labeler(s, "ada")
+  for _ in range(2):
+    row = s.next_assignment(w)
+    assert row["gold"] == 0.5
+    finish(s, w, row, 1.0)
+  finish(s, w, s.next_assignment(w), 0.0)
+  out = comparisons.export(s.labels(), str(tmp_path / "out"), "openai", "x", 0.6, 1)
+  assert out["left_out"] == []
+  assert [c.annotator for c in records.read_strict(out["train"], "openai") +
+          records.read_strict(out["valid"], "openai")] == ["ada"]
 
 
 def test_load_export_and_reward_model_files(tiny_pipeline, tmp_path):

@@ -54,11 +54,11 @@ def to_feedback(row: Mapping, protocol: str) -> records.Feedback:
 
 def unqualified(stats: Mapping[str, Mapping[str, float]], min_agreement: float,
                 min_gold_labels: int) -> list[str]:
-  """Labelers who answered at least `min_gold_labels` gold pairs and agree with fewer than
-  `min_agreement` of them (`report.labelers` stats); labelers with fewer gold answers are not
-  judged yet."""
-  return [name for name, s in stats.items() if s["gold_labels"] >= min_gold_labels
-          and not s["agreement_with_gold"] >= min_agreement]
+  """Labelers who answered at least `min_gold_labels` gold pairs that have a right answer (gold
+  ties do not count) and agree with fewer than `min_agreement` of them (`report.labelers` stats);
+  labelers with fewer such answers are not judged yet."""
+  return [name for name, s in stats.items() if s["gold_judged"] >= min_gold_labels
+          and s["agreement_with_gold"] < min_agreement]
 
 
 def export(rows: Sequence[Mapping], out_dir: str, layout: str, batch: str,

@@ -79,6 +79,8 @@ def labelers(js: Sequence[Judgement]) -> dict[str, dict[str, float]]:
     seconds = [j.seconds for j in mine if j.seconds is not None]
     out[name] = {
         "labels": float(len(pairs)), "gold_labels": float(len(golds)),
+        # The gold answers agreement with gold is measured on: a gold tie has no right answer.
+        "gold_judged": float(sum(j.gold != 0.5 for j in golds)),
         "agreement_with_others": float(np.mean(with_others)) if with_others else float("nan"),
         "agreement_with_gold": agreement.accuracy_against(
             np.array([j.preference for j in golds]), np.array([j.gold for j in golds]))
