@@ -137,6 +137,17 @@ def test_keyword_rule():
       "a untldr c": None, "a tldrs c": None, "a tl dr. c": ("a", "c"), "a tl;;;;dr c": None}
 
 
+def test_keyword_rule_for_links_doubles_and_several_keywords():
+  """No keyword in a subreddit link, a hashtag or a domain; "tldr;dr" is one; the last of several
+  keywords splits (an earlier one points to it)."""
+  assert [tm.split_tldr(t) for t in ("a on r/tldr is b", "a #tldr is b", "a tldr.tech is b")] == \
+      [None] * 3
+  assert tm.split_tldr("a b TLDR;DR c") == ("a b", "c")
+  assert tm.split_tldr("a b tldr:dr c") == ("a b", "c")
+  assert tm.split_tldr("a (tl;dr at the bottom). b. TL;DR: c") == (
+      "a (tl;dr at the bottom). b.", "c")
+
+
 def test_extract_finds_keywords_that_cleaning_reveals():
   tail = "we fight about chores and I need advice"
   for text in [f"{POST} _tldr_: {tail}", f"{POST} **TL;DR** {tail}", f"{POST}\n&gt;tl;dr {tail}",
@@ -151,6 +162,10 @@ def test_clean_text():
          "`code` ^sup\n\n* item\n1. first\n\n---\n# Head &amp;#x200B;\u200b \ud83d end")
   assert tm.clean_text(raw) == ("quoted bold link text see and_so it s code sup item first Head "
                                 "\ufffd end")
+  # Reddit's backslash escapes keep their character; Pushshift escapes an entity's "&" too; a
+  # lone asterisk is arithmetic, not emphasis.
+  assert tm.clean_text(r"he said \*not\* so, 5 * 3 \# a&amp;nbsp;b \\o/") == (
+      "he said *not* so, 5 * 3 # a b \\o/")
 
 
 def mining_fixture(tmp_path) -> tuple[str, str]:
@@ -247,6 +262,42 @@ def test_truncated_dump_keeps_finished_pairs_and_resumes(tmp_path):
 
   changed = tm.mine([rs], out, tm.MiningConfig(min_tldr_words=1))  # Other settings: mined again.
   assert changed["files"][0]["resumed"] is False and changed["counts"]["kept"] == 5
+
+
+def test_a_stop_between_a_part_and_its_note_mines_the_input_again(tmp_path, monkeypatch):
+  """The part is committed before its note: a run stopped between the two leaves the old note,
+  which does not match the new settings, so the next run mines the input again (it used to reuse
+  the old part under the new note)."""
+  rs, _ = mining_fixture(tmp_path)
+  out = str(tmp_path / "pairs.jsonl")
+  tm.mine([rs], out)
+  new = tm.MiningConfig(min_tldr_words=1)
+
+  # Stop at whichever of the two writes comes second: the part's rename or the note.
+  writes, write_note, rename = [], tm._write_json, os.replace
+
+  def second(what):
+    writes.append(what)
+    if len(writes) == 2:
+      raise KeyboardInterrupt
+
+  def note(path, obj):
+    second("note")
+    write_note(path, obj)
+
+  def replace(src, dst):
+    if str(dst).endswith(".jsonl") and ".parts" in str(dst):
+      second("part")
+    rename(src, dst)
+  with monkeypatch.context() as m:
+    m.setattr(tm, "_write_json", note)
+    m.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+      tm.mine([rs], out, new)
+  assert writes == ["part", "note"]
+  again = tm.mine([rs], out, new)
+  assert again["files"][0]["resumed"] is False and again["counts"]["kept"] == 5
+  assert len(list(tm.read_pairs(out))) == 5
 
 
 def test_duplicate_input_names_are_refused(tmp_path):
