@@ -306,6 +306,12 @@ def test_duplicate_input_names_are_refused(tmp_path):
   b = write_dump(tmp_path / "b" / "RS_2019-01", [])
   with pytest.raises(ValueError, match="distinct file names"):
     tm.mine([a, b], str(tmp_path / "out.jsonl"))
+  # One month twice, decompressed beside its .zst (as the authors' pipeline leaves it): each pair
+  # would be mined twice.
+  c = write_dump(tmp_path / "RS_2019-01.zst", [])
+  with pytest.raises(ValueError, match=r"the same dump more than once \(RS_2019-01, "
+                                       r"RS_2019-01.zst\)"):
+    tm.mine([a, c], str(tmp_path / "out.jsonl"))
 
 
 # --- TLDRHQ and statistics ---------------------------------------------------------------------

@@ -17,12 +17,13 @@ A dump is NDJSON, one submission (`RS_*`: `id`, `subreddit`, `title`, `selftext`
 from __future__ import annotations
 
 import bz2
+import collections
 import dataclasses
 import json
 import logging
 import lzma
 import os
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import zstandard
 
@@ -97,10 +98,27 @@ def _zst_chunks(f, progress: list[int]) -> Iterator[bytes]:
     raise DataError("the zstd stream ends before its frame does")
 
 
+COMPRESSIONS = (".zst", ".bz2", ".xz")
+
+
+def check_distinct(paths: Sequence[str]) -> None:
+  """A ValueError when two dump files are one dump (`RS_2019-07` and `RS_2019-07.zst`, say, as a
+  folder holds after decompressing): every record would be mined twice."""
+  stems = collections.defaultdict(list)
+  for p in paths:
+    name = os.path.basename(p)
+    stem, ext = os.path.splitext(name)
+    stems[stem if ext.lower() in COMPRESSIONS else name].append(name)
+  twice = sorted(", ".join(sorted(names)) for names in stems.values() if len(names) > 1)
+  if twice:
+    raise ValueError(f"the same dump more than once ({'; '.join(twice)}): keep one of each, or "
+                     "its records are mined twice")
+
+
 def _raw_lines(path: str, report: ReadReport) -> Iterator[bytes]:
   """The file's lines as bytes; a compressed file that ends early or is corrupt is a `DataError`."""
   ext = os.path.splitext(path)[1].lower()
-  if ext not in (".zst", ".bz2", ".xz"):
+  if ext not in COMPRESSIONS:
     with open(path, "rb") as f:
       for raw in f:
         yield raw.rstrip(b"\n")

@@ -366,8 +366,14 @@ class Alpaca(tfds.core.GeneratorBasedBuilder):
 
 def _dump_files(dl_manager: tfds.download.DownloadManager, builder: tfds.core.DatasetBuilder,
                 pattern: str) -> list[str]:
-  """The manual_dir's dump files matching `pattern`, sorted (months in order)."""
-  return sorted(glob.glob(_manual_file(dl_manager, builder, pattern)))
+  """The manual_dir's dump files matching `pattern`, sorted (months in order); one dump twice
+  (compressed and not) is refused."""
+  found = sorted(glob.glob(_manual_file(dl_manager, builder, pattern)))
+  try:
+    reddit.check_distinct(found)
+  except ValueError as e:
+    raise DataError(f"{builder.name}: {pattern} in the manual_dir: {e}") from None
+  return found
 
 
 def split_by_id(examples: Iterable[Any], validation_fraction: float, test_fraction: float

@@ -213,6 +213,7 @@ def mine(paths: Sequence[str], out_path: str, config: MiningConfig = MiningConfi
   if len(set(names)) != len(names):
     raise ValueError(f"inputs must have distinct file names (their parts are named after them): "
                      f"{sorted(n for n in set(names) if names.count(n) > 1)}")
+  reddit.check_distinct(paths)
   parts_dir = f"{out_path}.parts"
   os.makedirs(parts_dir, exist_ok=True)
   files, totals = [], collections.Counter()
