@@ -225,8 +225,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # penalize_no_eos a response without eos keeps no_eos_score, no penalty on top);
   # dynamic_sampling: groups whose dynamic_sampling_metric is all equal leave the loss [on]; the
   # metric 'score' tests the scores before overlong shaping and KL (DAPO's accuracy, verl's
-  # filter_groups.metric=acc) ['score'], 'reward' the rewards the advantages use; max_num_gen_batches:
-  # with dynamic sampling, the loop refills the batch with groups of new prompts, drawing up to
+  # filter_groups.metric=acc) ['score'], 'reward' the rewards the advantages use;
+  # max_num_gen_batches: with dynamic sampling, the loop refills the batch with groups of new prompts, drawing up to
   # that many generation batches an iteration [10] (1: no refill); DAPO drops the KL [beta 0].
   # GSPO (Zheng et al. 2025): importance_sampling_level token (GRPO) | sequence (one ratio per
   # response, the geometric mean of its token ratios [cliprange 3e-4, cliprange_high 4e-4,

@@ -12,8 +12,8 @@ per-token loss is the clipped surrogate minus the KL penalty in the loss,
   ρ_t = π_θ(y_t) / π_old(y_t),  ε_low = `cliprange`, ε_high = `cliprange_high` (= ε_low: GRPO),
 
 with KL_t the k3 estimator π_ref/π_θ − log(π_ref/π_θ) − 1 (an unbiased value of KL(π_θ‖π_ref),
-always ≥ 0; as a loss term its expected gradient is that of KL(π_ref‖π_θ), as in TRL). `kl_in='reward'`
-instead subtracts β Σ_t KL_t from r_i before the group normalisation, as PPO and RLOO do, where
+always ≥ 0; as a loss term its expected gradient is that of KL(π_ref‖π_θ), as in TRL).
+`kl_in='reward'` instead subtracts β Σ_t KL_t from r_i before the group normalisation, as PPO and RLOO do, where
 `kl_estimator='k1'` (log π_θ − log π_ref) may serve too; in the loss k1 is refused, its gradient
 ∇ log π_θ being zero in expectation over π_θ's samples. How the token losses become one number is what GRPO's follow-ups
 argue about (`loss_type`):

@@ -14,8 +14,8 @@ stored over the newer one.
 A label can never land on a pair the labeler did not see: assignment ids are AUTOINCREMENT (SQLite
 never hands an id out twice, even after its row is deleted, so a label sent late to id N cannot
 reach a later assignment), and a submission names the pair (its id and its uid, a hash of its
-prompt's id, or its text without one, and responses: `sources.item`; so a label kept by a browser for another database's pair of the same id is
-refused too) and the left/right order it was given on, which must be the assignment's. Each
+prompt's id, or its text without one, and responses: `sources.item`; so a label kept by a browser
+for another database's pair of the same id is refused too) and the left/right order it was given on, which must be the assignment's. Each
 database has a random id of its own (`database`), with which the page keys what the browser keeps.
 
 Each pair counts its labels (`done_count`); the queue reads a partial index of the pairs with fewer

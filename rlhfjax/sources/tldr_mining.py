@@ -9,11 +9,11 @@ taken from the authors' miner (github.com/sajastu/reddit_collector):
   not inside another word ("untldr", "bottle;dr"), a subreddit or user link ("r/tldr"), a hashtag
   or a domain ("tldr.tech"); "tldr;dr" is one keyword. The text before the last keyword is the
   post, the text after it the TL;DR (the authors' miner splits at the first, so that "sorry, tl;dr
-  at the bottom ... TL;DR: ..." gave a TL;DR holding half the post). Both submissions (`selftext`) and comments (`body`) are mined;
-  deleted, removed and empty texts are skipped.
+  at the bottom ... TL;DR: ..." gave a TL;DR holding half the post). Both submissions
+  (`selftext`) and comments (`body`) are mined; deleted, removed and empty texts are skipped.
 - Both parts are cleaned (`clean_text`): HTML entities decoded (Pushshift escapes `&`, `<`, `>`,
-  the `&` of an entity such as `&nbsp;` included), Reddit's backslash escapes kept as the characters,
-  markdown links reduced to their text, URLs removed, markdown markup (headings, quotes, list
+  the `&` of an entity such as `&nbsp;` included), Reddit's backslash escapes kept as the
+  characters, markdown links reduced to their text, URLs removed, markdown markup (headings, quotes, list
   markers, rules, emphasis, code, superscript) removed, zero-width characters removed, whitespace
   collapsed to single spaces; separators between the keyword and the text (": ", " - ", ...) are
   stripped. A pair is dropped when its post has fewer than `min_post_words` words, its TL;DR fewer

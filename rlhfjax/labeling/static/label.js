@@ -18,7 +18,8 @@
   if (!form) return;
   const owner = `${form.dataset.database || ""}:${form.dataset.labeler || ""}`;
   const PENDING = `rlhfjax-pending-label:${owner}`;
-  const DRAFT = `rlhfjax-draft:${owner}:${form.dataset.assignment}`;
+  const draftKey = (assignment) => `rlhfjax-draft:${owner}:${assignment}`;
+  const DRAFT = draftKey(form.dataset.assignment);
   const here = {assignment: form.dataset.assignment, pair: Number(form.dataset.pair),
                 swapped: Number(form.dataset.swapped), uid: form.dataset.uid};
   const RETRY = new Set([408, 425, 429]);  // Refusals that may pass later; 5xx too.
@@ -94,7 +95,8 @@
       raw = undefined;
     }
     if (raw === null) return {};
-    const entries = raw && typeof raw === "object" ? (raw.payload ? [raw] : Object.values(raw)) : [];
+    const entries = raw && typeof raw === "object" ?
+        (raw.payload ? [raw] : Object.values(raw)) : [];
     const out = {};
     entries.forEach((entry) => { if (sendable(entry)) out[entry.payload.submission] = entry; });
     if (!raw || typeof raw !== "object" || raw.payload ||
@@ -205,7 +207,7 @@
                        `HTTP ${response.status}`;
         if (response.ok) {
           forget(pending);
-          localStorage.removeItem(`rlhfjax-draft:${owner}:${pending.assignment}`);
+          localStorage.removeItem(draftKey(pending.assignment));
           if (body.progress) showProgress(body.progress);
           say("Saved.", "saved");
           location.assign(body.status === "revised" ? "/?did=revised" : "/?did=saved");
